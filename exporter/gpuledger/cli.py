@@ -1,0 +1,233 @@
+"""The `gpuledger` command: serve, simulate, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import NoReturn
+
+from gpuledger import __version__
+from gpuledger.logs import setup_logging
+from gpuledger.pipeline import Pipeline, PipelineConfig
+from gpuledger.server import Exporter, parse_listen, serve
+from gpuledger.sim.harness import PhaseClock
+from gpuledger.sim.scenario import Scenario, ScenarioError, load_scenario
+
+log = logging.getLogger("gpuledger")
+
+DEFAULT_LISTEN = ":9402"  # not taken by dcgm-exporter (9400) or nvidia_gpu_exporter (9835)
+EXIT_USAGE = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags: one line saying what is wrong, exit 2 (argparse prints the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"GPULEDGER_{name}", default)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _listen(text: str) -> str:
+    try:
+        parse_listen(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
+    p.add_argument(
+        "--listen", type=_listen, default=_env("LISTEN", DEFAULT_LISTEN),
+        help="address to serve /metrics on, [HOST]:PORT (env GPULEDGER_LISTEN; default %(default)s)",
+    )
+    p.add_argument(
+        "--interval", type=_positive_float, default=float(_env("INTERVAL", "10") or 10),
+        help="seconds between snapshots; scrapes read the latest one (env GPULEDGER_INTERVAL; "
+        "default %(default)s)",
+    )
+    p.add_argument(
+        "--source-deadline", type=_positive_float,
+        default=float(_env("SOURCE_DEADLINE", "5") or 5),
+        help="seconds one source may take per snapshot before it is reported down "
+        "(env GPULEDGER_SOURCE_DEADLINE; default %(default)s)",
+    )
+    p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"],
+        default=_env("LOG_LEVEL", "info"), help="(env GPULEDGER_LOG_LEVEL; default %(default)s)",
+    )
+    p.add_argument(
+        "--log-format", choices=["text", "json"], default=_env("LOG_FORMAT", "text"),
+        help="(env GPULEDGER_LOG_FORMAT; default %(default)s)",
+    )
+    if simulated:
+        return
+    p.add_argument(
+        "--mode", choices=["node", "cluster"], default=_env("MODE", "node"),
+        help="node: DaemonSet agent for this node's GPUs; cluster: one-replica view of what is "
+        "not placed (env GPULEDGER_MODE; default %(default)s)",
+    )
+    p.add_argument(
+        "--proc-root", default=_env("PROC_ROOT", "/proc"),
+        help="host /proc; run with hostPID so NVML's PIDs resolve "
+        "(env GPULEDGER_PROC_ROOT; default %(default)s)",
+    )
+    p.add_argument(
+        "--nvml-library", default=_env("NVML_LIBRARY"),
+        help="path of libnvidia-ml.so.1 to load instead of the system one "
+        "(env GPULEDGER_NVML_LIBRARY)",
+    )
+    p.add_argument(
+        "--node-name", default=_env("NODE_NAME") or os.environ.get("NODE_NAME")
+        or socket.gethostname(),
+        help="value of the node label (env GPULEDGER_NODE_NAME, else NODE_NAME, else hostname; "
+        "default %(default)s)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="gpuledger",
+        description="One ledger of every GPU: Kubernetes, Ray, vLLM and NVML joined on GPU UUID "
+        "and Pod UID.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuledger {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    serve_p = sub.add_parser("serve", help="run the Prometheus exporter")
+    _add_exporter_flags(serve_p, simulated=False)
+
+    sim = sub.add_parser(
+        "simulate", help="run the real exporter against a simulated node described in FILE"
+    )
+    sim.add_argument("file", help="scenario file (YAML, see docs/scenarios.md)")
+    sim.add_argument("--once", action="store_true", help="print one exposition and exit")
+    sim.add_argument("--phase", help="with --once: render the scenario at this phase")
+    _add_exporter_flags(sim, simulated=True)
+
+    demo = sub.add_parser("demo", help="serve a bundled scenario: an 8-GPU simulated node")
+    demo.add_argument("--once", action="store_true", help="print one exposition and exit")
+    _add_exporter_flags(demo, simulated=True)
+    return parser
+
+
+def _install_signal_handlers(stop: threading.Event) -> None:
+    def handle(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def run_exporter(
+    config: PipelineConfig,
+    args: argparse.Namespace,
+    banner: str | None = None,
+    on_tick: PhaseClock | None = None,
+) -> int:
+    pipeline = Pipeline(config)
+    exporter = Exporter(pipeline.cycle, args.interval)
+    try:
+        httpd = serve(exporter, args.listen, config.node, config.mode)
+    except OSError as exc:
+        print(f"gpuledger: error: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    _install_signal_handlers(stop)
+    exporter.start()
+    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
+    host, port = httpd.server_address[:2]
+    log.info("serving on http://%s:%s/ (node %s, mode %s)", host, port, config.node, config.mode)
+    if banner:
+        print(banner.format(url=f"http://localhost:{port}"), flush=True)
+    while not stop.wait(0.5):
+        if on_tick is not None:
+            on_tick.tick()
+    httpd.shutdown()
+    exporter.stop()
+    pipeline.close()
+    return 0
+
+
+def run_simulation(scenario: Scenario, args: argparse.Namespace, banner: str | None) -> int:
+    from gpuledger.sim.fake_nvml import FakeNvmlBuildError
+    from gpuledger.sim.harness import SimulatedNode
+
+    try:
+        node = SimulatedNode(scenario)
+    except FakeNvmlBuildError as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return 1
+    with node:
+        if args.once:
+            node.apply(scenario.at_phase(getattr(args, "phase", None)))
+            pipeline = Pipeline(node.pipeline_config(args.source_deadline))
+            exporter = Exporter(pipeline.cycle, args.interval)
+            exporter.run_once()
+            body, _ = exporter.render(None)
+            pipeline.close()
+            sys.stdout.write(body.decode())
+            return 0
+        return run_exporter(
+            node.pipeline_config(args.source_deadline), args, banner, PhaseClock(node, scenario)
+        )
+
+
+DEMO_BANNER = """\
+gpuledger demo: a SIMULATED node, not your hardware.
+  Node "{node}": 8 simulated H100-class GPUs (fake NVML at the C ABI + a synthetic /proc).
+  Pods: two time-sliced on one GPU, one that holds a GPU it never opens, plus a host process.
+Look at:
+  {{url}}/          landing page
+  {{url}}/metrics   the exposition (try: curl -s {{url}}/metrics | grep container_gpu)
+Stop with Ctrl-C."""
+
+
+def demo_scenario_path() -> Path:
+    return Path(str(resources.files("gpuledger.sim") / "scenarios" / "demo.yaml"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, args.log_format)
+    if args.command == "serve":
+        config = PipelineConfig(
+            node=args.node_name,
+            mode=args.mode,
+            proc_root=args.proc_root,
+            nvml_library=args.nvml_library,
+            source_deadline_seconds=args.source_deadline,
+        )
+        return run_exporter(config, args)
+    path = demo_scenario_path() if args.command == "demo" else Path(args.file)
+    try:
+        scenario = load_scenario(path)
+    except ScenarioError as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    banner = DEMO_BANNER.format(node=scenario.node) if args.command == "demo" else None
+    return run_simulation(scenario, args, banner)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Running a source under a deadline, turning every failure into a SourceStatus."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from gpuledger.model import SourceStatus
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class SourceError(Exception):
+    """A source failed in a way it understands.
+
+    `reason` is a short label value (bounded vocabulary); the message is one line a
+    person can act on and must never carry environment values or command-line arguments.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class SourceRunner(Generic[T]):
+    """Calls one source's fetch function in its own worker thread, bounded by a deadline.
+
+    A fetch that hangs past the deadline is abandoned, not killed (Python cannot kill a
+    thread): the next cycle reports `still_running` instead of piling up more threads,
+    so one hung source costs at most one thread.
+    """
+
+    def __init__(self, source: str, deadline_seconds: float) -> None:
+        self.source = source
+        self.deadline_seconds = deadline_seconds
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"source-{source}"
+        )
+        self._pending: concurrent.futures.Future[T] | None = None
+
+    def run(self, fetch: Callable[[], T]) -> tuple[T | None, SourceStatus]:
+        started = time.monotonic()
+        if self._pending is not None and not self._pending.done():
+            return None, self._status(
+                started,
+                "still_running",
+                f"previous fetch still running after the {self.deadline_seconds:g}s deadline",
+            )
+        future = self._executor.submit(fetch)
+        self._pending = future
+        try:
+            value = future.result(timeout=self.deadline_seconds)
+        except concurrent.futures.TimeoutError:
+            return None, self._status(
+                started, "timeout", f"no answer within the {self.deadline_seconds:g}s deadline"
+            )
+        except SourceError as exc:
+            return None, self._status(started, exc.reason, exc.message)
+        except Exception as exc:  # a bug or an unexpected library error: contained
+            # Only the type: exception text may quote the data being parsed.
+            log.warning("source %s failed unexpectedly: %s", self.source, type(exc).__name__)
+            return None, self._status(started, "internal_error", type(exc).__name__)
+        return value, SourceStatus(self.source, True, time.monotonic() - started)
+
+    def _status(self, started: float, reason: str, message: str) -> SourceStatus:
+        return SourceStatus(
+            self.source,
+            up=False,
+            duration_seconds=time.monotonic() - started,
+            error_reason=reason,
+            error_message=message,
+        )
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,166 @@
+"""procfs source: cgroup, parentage, title and whitelisted environment of GPU processes.
+
+Reads `<proc-root>/<pid>/…` for the PIDs NVML reports and their ancestors. A process
+that exits between two reads, or a file we may not read, is a normal event: that
+process is skipped (or kept without the unreadable part), never an error.
+
+Secrets: `environ` and `cmdline` hold tokens. Values are parsed in memory and only the
+names in ALLOWED_ENV / ALLOWED_FLAGS are kept; nothing else leaves this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpuledger.identity.cgroup import NO_IDENTITY, parse_cgroup_file
+from gpuledger.model import ProcessInfo, ProcSnapshot, frozen_map
+from gpuledger.sources.base import SourceError
+
+log = logging.getLogger(__name__)
+
+SOURCE = "procfs"
+
+# Identity rule 5: the only environment variables ever read. Documented in docs/security.md.
+ALLOWED_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "VLLM_DP_RANK",
+        "VLLM_DP_RANK_LOCAL",
+        "VLLM_DP_SIZE",
+    }
+)
+
+# Identity rule 6: the only command-line flags ever read (vLLM engine configuration).
+# Short aliases map to the long name.
+ALLOWED_FLAGS: dict[str, str] = {
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "--data-parallel-size": "data_parallel_size",
+    "-dp": "data_parallel_size",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--served-model-name": "served_model_name",
+}
+
+MAX_ANCESTRY = 64
+_SMALL_FILE = 64 * 1024
+_ENVIRON_LIMIT = 1024 * 1024
+_TITLE_LIMIT = 128
+
+
+def _read(path: Path, limit: int) -> bytes | None:
+    try:
+        with path.open("rb") as f:
+            return f.read(limit)
+    except OSError:  # vanished, no permission, not a process: all ordinary here
+        return None
+
+
+def parse_status(text: str) -> tuple[int | None, tuple[int, ...]]:
+    """PPid and NSpid (host PID first) from /proc/<pid>/status."""
+    ppid: int | None = None
+    nspid: tuple[int, ...] = ()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        try:
+            if key == "PPid":
+                ppid = int(value.strip())
+            elif key == "NSpid":
+                nspid = tuple(int(v) for v in value.split())
+        except ValueError:
+            continue
+    return ppid, nspid
+
+
+def parse_title(cmdline: bytes) -> str:
+    """argv[0]'s first word: the title vLLM (`VLLM::EngineCore`) and Ray set.
+
+    Only the first word: setproctitle-style titles may be a whole command line in one
+    string, and anything after the first word could be an argument.
+    """
+    first = cmdline.split(b"\0", 1)[0].decode(errors="replace").strip()
+    word = first.split(maxsplit=1)[0] if first else ""
+    if "/" in word and not word.startswith("VLLM::"):
+        word = word.rsplit("/", 1)[1]
+    return word[:_TITLE_LIMIT]
+
+
+def parse_flags(cmdline: bytes) -> dict[str, str]:
+    """Whitelisted `--flag value` / `--flag=value` pairs; every other argument is dropped."""
+    args = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
+    found: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        key = ALLOWED_FLAGS.get(name)
+        if key is None:
+            continue
+        if eq:
+            found[key] = inline
+        elif i + 1 < len(args) and not args[i + 1].startswith("-"):
+            found[key] = args[i + 1]
+    return found
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """Whitelisted variables only; other values are never decoded into strings."""
+    kept: dict[str, str] = {}
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if not sep:
+            continue
+        decoded = name.decode(errors="replace")
+        if decoded in ALLOWED_ENV:
+            kept[decoded] = value.decode(errors="replace")
+    return kept
+
+
+class ProcfsSource:
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.root = Path(proc_root)
+
+    def fetch(self, pids: Iterable[int]) -> ProcSnapshot:
+        if not self.root.is_dir():
+            raise SourceError("proc_root_missing", f"proc root {str(self.root)!r} does not exist")
+        found: dict[int, ProcessInfo] = {}
+        for pid in sorted(set(pids)):
+            self._walk_up(pid, found)
+        return ProcSnapshot(processes=frozen_map(found))
+
+    def _walk_up(self, pid: int, found: dict[int, ProcessInfo]) -> None:
+        current: int | None = pid
+        for _ in range(MAX_ANCESTRY):
+            if current is None or current <= 0 or current in found:
+                return
+            info = self.read_process(current)
+            if info is None:
+                return
+            found[current] = info
+            current = info.ppid
+
+    def read_process(self, pid: int) -> ProcessInfo | None:
+        base = self.root / str(pid)
+        status = _read(base / "status", _SMALL_FILE)
+        if status is None:
+            return None  # gone: nothing to say about it
+        ppid, nspid = parse_status(status.decode(errors="replace"))
+        cgroup = _read(base / "cgroup", _SMALL_FILE)
+        cmdline = _read(base / "cmdline", _SMALL_FILE) or b""
+        environ = _read(base / "environ", _ENVIRON_LIMIT)
+        if environ is None:
+            log.debug("pid %d: environ unreadable, device map from it unknown", pid)
+        return ProcessInfo(
+            pid=pid,
+            ppid=ppid,
+            nspid=nspid or (pid,),
+            title=parse_title(cmdline),
+            cgroup=parse_cgroup_file(cgroup.decode(errors="replace")) if cgroup else NO_IDENTITY,
+            environ=frozen_map(parse_environ(environ or b"")),
+            flags=frozen_map(parse_flags(cmdline)),
+        )
