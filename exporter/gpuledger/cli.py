@@ -18,7 +18,8 @@ from gpuledger import __version__
 from gpuledger.logs import setup_logging
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.server import Exporter, parse_listen, serve
-from gpuledger.sim.harness import PhaseClock
+from gpuledger.sim.fake_nvml import FakeNvmlBuildError
+from gpuledger.sim.harness import PhaseClock, SimulatedNode
 from gpuledger.sim.scenario import Scenario, ScenarioError, load_scenario
 
 log = logging.getLogger("gpuledger")
@@ -58,48 +59,62 @@ def _listen(text: str) -> str:
 
 def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     p.add_argument(
-        "--listen", type=_listen, default=_env("LISTEN", DEFAULT_LISTEN),
-        help="address to serve /metrics on, [HOST]:PORT (env GPULEDGER_LISTEN; default %(default)s)",
+        "--listen",
+        type=_listen,
+        default=_env("LISTEN", DEFAULT_LISTEN),
+        help="address to serve /metrics on, [HOST]:PORT "
+        "(env GPULEDGER_LISTEN; default %(default)s)",
     )
     p.add_argument(
-        "--interval", type=_positive_float, default=float(_env("INTERVAL", "10") or 10),
+        "--interval",
+        type=_positive_float,
+        default=float(_env("INTERVAL", "10") or 10),
         help="seconds between snapshots; scrapes read the latest one (env GPULEDGER_INTERVAL; "
         "default %(default)s)",
     )
     p.add_argument(
-        "--source-deadline", type=_positive_float,
+        "--source-deadline",
+        type=_positive_float,
         default=float(_env("SOURCE_DEADLINE", "5") or 5),
         help="seconds one source may take per snapshot before it is reported down "
         "(env GPULEDGER_SOURCE_DEADLINE; default %(default)s)",
     )
     p.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"],
-        default=_env("LOG_LEVEL", "info"), help="(env GPULEDGER_LOG_LEVEL; default %(default)s)",
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=_env("LOG_LEVEL", "info"),
+        help="(env GPULEDGER_LOG_LEVEL; default %(default)s)",
     )
     p.add_argument(
-        "--log-format", choices=["text", "json"], default=_env("LOG_FORMAT", "text"),
+        "--log-format",
+        choices=["text", "json"],
+        default=_env("LOG_FORMAT", "text"),
         help="(env GPULEDGER_LOG_FORMAT; default %(default)s)",
     )
     if simulated:
         return
     p.add_argument(
-        "--mode", choices=["node", "cluster"], default=_env("MODE", "node"),
+        "--mode",
+        choices=["node", "cluster"],
+        default=_env("MODE", "node"),
         help="node: DaemonSet agent for this node's GPUs; cluster: one-replica view of what is "
         "not placed (env GPULEDGER_MODE; default %(default)s)",
     )
     p.add_argument(
-        "--proc-root", default=_env("PROC_ROOT", "/proc"),
+        "--proc-root",
+        default=_env("PROC_ROOT", "/proc"),
         help="host /proc; run with hostPID so NVML's PIDs resolve "
         "(env GPULEDGER_PROC_ROOT; default %(default)s)",
     )
     p.add_argument(
-        "--nvml-library", default=_env("NVML_LIBRARY"),
+        "--nvml-library",
+        default=_env("NVML_LIBRARY"),
         help="path of libnvidia-ml.so.1 to load instead of the system one "
         "(env GPULEDGER_NVML_LIBRARY)",
     )
     p.add_argument(
-        "--node-name", default=_env("NODE_NAME") or os.environ.get("NODE_NAME")
-        or socket.gethostname(),
+        "--node-name",
+        default=_env("NODE_NAME") or os.environ.get("NODE_NAME") or socket.gethostname(),
         help="value of the node label (env GPULEDGER_NODE_NAME, else NODE_NAME, else hostname; "
         "default %(default)s)",
     )
@@ -170,9 +185,6 @@ def run_exporter(
 
 
 def run_simulation(scenario: Scenario, args: argparse.Namespace, banner: str | None) -> int:
-    from gpuledger.sim.fake_nvml import FakeNvmlBuildError
-    from gpuledger.sim.harness import SimulatedNode
-
     try:
         node = SimulatedNode(scenario)
     except FakeNvmlBuildError as exc:

@@ -42,21 +42,15 @@ def gpu_families(ledger: Ledger) -> Iterator[Metric]:
         ["gpu_uuid", "gpu_index", "model", "pci_bus_id", "mig_mode"],
     )
     up = _gauge("gpuledger_gpu_up", "1 if every NVML query for this GPU succeeded.", ["gpu_uuid"])
-    total = _gauge(
-        "gpuledger_gpu_memory_total_bytes", "GPU memory size (NVML).", ["gpu_uuid"]
-    )
-    used = _gauge(
-        "gpuledger_gpu_memory_used_bytes", "GPU memory in use (NVML).", ["gpu_uuid"]
-    )
+    total = _gauge("gpuledger_gpu_memory_total_bytes", "GPU memory size (NVML).", ["gpu_uuid"])
+    used = _gauge("gpuledger_gpu_memory_used_bytes", "GPU memory in use (NVML).", ["gpu_uuid"])
     util = _gauge(
         "gpuledger_gpu_utilization_ratio",
         "Fraction of the last sample period a kernel ran on the GPU (NVML), 0-1.",
         ["gpu_uuid"],
     )
     for gpu in ledger.gpus:
-        info.add_metric(
-            [node, gpu.uuid, str(gpu.index), gpu.name, gpu.pci_bus_id, gpu.mig_mode], 1
-        )
+        info.add_metric([node, gpu.uuid, str(gpu.index), gpu.name, gpu.pci_bus_id, gpu.mig_mode], 1)
         up.add_metric([node, gpu.uuid], 1 if gpu.up else 0)
         if gpu.memory_total_bytes is not None:
             total.add_metric([node, gpu.uuid], gpu.memory_total_bytes)
@@ -158,4 +152,3 @@ class LedgerCollector(Collector):
         yield from gpu_families(published.ledger)
         yield from container_families(published.ledger)
         yield from self_families(published, now)
-

@@ -41,7 +41,7 @@ class ContainerGpuUsage:
 
 @dataclass(frozen=True)
 class DeviceMapping:
-    """Container ordinal `local_index` (what CUDA calls device N inside it) is host GPU `gpu_uuid`."""
+    """Container ordinal `local_index` (CUDA device N inside it) is host GPU `gpu_uuid`."""
 
     container: ContainerRef
     local_index: int
@@ -106,9 +106,11 @@ def _container_root_env(
     def depth(info: ProcessInfo) -> int:
         steps, current = 0, info
         own = container_of(info)
-        while current.ppid in procs and container_of(procs[current.ppid]) == own:
-            current = procs[current.ppid]
-            steps += 1
+        while current.ppid is not None and current.ppid in procs:
+            parent = procs[current.ppid]
+            if container_of(parent) != own:
+                break
+            current, steps = parent, steps + 1
         return steps
 
     witnesses = [m for m in members if "NVIDIA_VISIBLE_DEVICES" in m.environ]
@@ -151,19 +153,19 @@ def build_ledger(
             env["NVIDIA_VISIBLE_DEVICES"], None, env.get("CUDA_DEVICE_ORDER"), host
         )
         container_devices[ref] = mapped
-        device_maps.extend(
-            DeviceMapping(ref, i, gpu.uuid, "env") for i, gpu in enumerate(mapped)
-        )
+        device_maps.extend(DeviceMapping(ref, i, gpu.uuid, "env") for i, gpu in enumerate(mapped))
 
     usage_bytes: dict[tuple[ContainerRef, str], int] = defaultdict(int)
     usage_count: dict[tuple[ContainerRef, str], int] = defaultdict(int)
     unattributed: dict[str, int] = defaultdict(int)
     views: list[ProcessView] = []
     for pid in sorted(set(memory_by_pid) | set(process_table)):
-        info = process_table.get(pid)
-        ref = container_of(info) if info else None
+        found = process_table.get(pid)
+        ref = container_of(found) if found else None
         held = tuple(memory_by_pid.get(pid, ()))
-        if procs is not None:
+        # A PID procfs could not read (exited meanwhile, or not in our PID namespace)
+        # is in no known pod, but not known to be in none either: count it nowhere.
+        if found is not None:
             for uuid, used in held:
                 if ref is None:
                     unattributed[uuid] += used or 0
@@ -173,11 +175,11 @@ def build_ledger(
         views.append(
             ProcessView(
                 pid=pid,
-                ppid=info.ppid if info else None,
-                title=info.title if info else "",
+                ppid=found.ppid if found else None,
+                title=found.title if found else "",
                 container=ref,
                 gpu_memory=held,
-                cuda_devices=_cuda_devices(info, ref, container_devices, host),
+                cuda_devices=_cuda_devices(found, ref, container_devices, host),
             )
         )
 

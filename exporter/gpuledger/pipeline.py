@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gpuledger.collector import Published
 from gpuledger.ledger import Ledger, build_ledger
-from gpuledger.model import SourceStatus
+from gpuledger.model import NvmlSnapshot, ProcSnapshot, SourceStatus
 from gpuledger.sources import nvml, procfs
 from gpuledger.sources.base import SourceRunner
 
@@ -37,10 +37,8 @@ class Pipeline:
         self._nvml = nvml.NvmlSource(config.nvml_library)
         self._procfs = procfs.ProcfsSource(config.proc_root)
         deadline = config.source_deadline_seconds
-        self._nvml_runner: SourceRunner[nvml.NvmlSnapshot] = SourceRunner(nvml.SOURCE, deadline)
-        self._procfs_runner: SourceRunner[procfs.ProcSnapshot] = SourceRunner(
-            procfs.SOURCE, deadline
-        )
+        self._nvml_runner: SourceRunner[NvmlSnapshot] = SourceRunner(nvml.SOURCE, deadline)
+        self._procfs_runner: SourceRunner[ProcSnapshot] = SourceRunner(procfs.SOURCE, deadline)
         self._errors: Counter[tuple[str, str]] = Counter()
         self._last_success: dict[str, float] = {}
         self._last_reason: dict[str, str | None] = {}

@@ -116,12 +116,14 @@ def make_handler(exporter: Exporter, node: str, mode: str) -> type[BaseHTTPReque
                     self._send(HTTPStatus.OK, b"ready\n", "text/plain")
                 else:
                     self._send(
-                        HTTPStatus.SERVICE_UNAVAILABLE, b"first snapshot not taken yet\n",
+                        HTTPStatus.SERVICE_UNAVAILABLE,
+                        b"first snapshot not taken yet\n",
                         "text/plain",
                     )
             elif path == "/":
                 page = LANDING.format(
-                    version=html.escape(__version__), node=html.escape(node),
+                    version=html.escape(__version__),
+                    node=html.escape(node),
                     mode=html.escape(mode),
                 )
                 self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
@@ -135,7 +137,7 @@ def make_handler(exporter: Exporter, node: str, mode: str) -> type[BaseHTTPReque
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             log.debug("http: " + format, *args)
 
     return Handler

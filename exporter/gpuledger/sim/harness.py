@@ -6,11 +6,11 @@ procfs: a synthetic proc root with the files the procfs source reads.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 import time
-import logging
 from pathlib import Path
 
 from gpuledger.pipeline import PipelineConfig
@@ -94,6 +94,7 @@ class SimulatedNode:
         self.scenario = scenario
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuledger-sim-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc_root = self.workdir / "proc"
         self.state_file = self.workdir / "nvml.state"
         if scenario.nvml.library == "missing":

@@ -18,8 +18,16 @@ from gpuledger.model import frozen_map
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
 _UNITS = {
-    None: 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4,
-    "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
+    None: 1,
+    "B": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "TiB": 1024**4,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
 }
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _SECONDS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -89,7 +97,8 @@ class Scenario:
         names = [p.name for p in self.phases]
         if name not in names:
             raise ScenarioError(
-                f"{self.source}: phases: no phase named {name!r} (have: {', '.join(names) or 'none'})"
+                f"{self.source}: phases: no phase named {name!r} "
+                f"(have: {', '.join(names) or 'none'})"
             )
         state = self
         for phase in self.phases[: names.index(name) + 1]:
@@ -177,8 +186,22 @@ def _check_keys(doc: Mapping[str, Any], allowed: set[str], at: _Path) -> None:
             raise (at / str(key)).fail(f"one of the keys {', '.join(sorted(allowed))}", key)
 
 
-_GPU_KEYS = {"uuid", "index", "name", "pci_bus_id", "memory_total", "memory_reserved",
-             "utilization", "mig_mode", "lost"}
+def _default_bus_id(index: int) -> str:
+    # 14 slots per PCI domain keeps the bus byte two hex digits for any index.
+    return f"{index // 14:08X}:{0x18 + (index % 14) * 0x10:02X}:00.0"
+
+
+_GPU_KEYS = {
+    "uuid",
+    "index",
+    "name",
+    "pci_bus_id",
+    "memory_total",
+    "memory_reserved",
+    "utilization",
+    "mig_mode",
+    "lost",
+}
 
 
 def _gpu(doc: object, at: _Path, position: int) -> SimGpu:
@@ -192,8 +215,7 @@ def _gpu(doc: object, at: _Path, position: int) -> SimGpu:
         uuid=uuid,
         index=index,
         name=_str(d.get("name", "NVIDIA H100 80GB HBM3"), at / "name"),
-        pci_bus_id=_str(d.get("pci_bus_id", f"00000000:{0x18 + index * 0x10:02X}:00.0"),
-                        at / "pci_bus_id"),
+        pci_bus_id=_str(d.get("pci_bus_id", _default_bus_id(index)), at / "pci_bus_id"),
         memory_total=parse_size(d.get("memory_total", "80GiB"), at / "memory_total"),
         memory_reserved=parse_size(d.get("memory_reserved", 0), at / "memory_reserved"),
         utilization=_ratio(d.get("utilization", 0.0), at / "utilization"),
@@ -229,7 +251,9 @@ def _process(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> SimProcess:
     environ = {}
     for key, value in _mapping(d.get("environ") or {}, at / "environ").items():
         environ[_str(key, at / "environ", "a variable name")] = str(value)
-    nspid = tuple(_int(p, at / "nspid" / i, 1) for i, p in enumerate(_list(d.get("nspid"), at / "nspid")))
+    nspid = tuple(
+        _int(p, at / "nspid" / i, 1) for i, p in enumerate(_list(d.get("nspid"), at / "nspid"))
+    )
     return SimProcess(
         pid=_int(d.get("pid"), at / "pid", 2),
         ppid=_int(d.get("ppid", 1), at / "ppid"),
@@ -293,10 +317,8 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
     gpus = []
     for gpu in state.gpus:
         patch = phase.gpus.get(gpu.uuid)
-        if patch:
-            merged = {**gpu.__dict__, **patch}
-            gpu = _gpu(merged, at / "gpus" / gpu.uuid, gpu.index)
-        gpus.append(gpu)
+        merged = {**gpu.__dict__, **patch} if patch else None
+        gpus.append(_gpu(merged, at / "gpus" / gpu.uuid, gpu.index) if merged else gpu)
     processes = []
     for proc in state.processes:
         if proc.pid in phase.processes:
@@ -304,12 +326,18 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
             if patch is None:
                 continue  # the process exited
             merged = {
-                "pid": proc.pid, "ppid": proc.ppid, "cmdline": list(proc.cmdline),
-                "cgroup": proc.cgroup, "nspid": list(proc.nspid), "environ": dict(proc.environ),
-                "gpu_memory": dict(proc.gpu_memory), **patch,
+                "pid": proc.pid,
+                "ppid": proc.ppid,
+                "cmdline": list(proc.cmdline),
+                "cgroup": proc.cgroup,
+                "nspid": list(proc.nspid),
+                "environ": dict(proc.environ),
+                "gpu_memory": dict(proc.gpu_memory),
+                **patch,
             }
-            proc = _process(merged, at / "processes" / str(proc.pid), tuple(gpus))
-        processes.append(proc)
+            processes.append(_process(merged, at / "processes" / str(proc.pid), tuple(gpus)))
+        else:
+            processes.append(proc)
     processes.extend(phase.add_processes)
     return replace(state, gpus=tuple(gpus), processes=tuple(processes))
 
@@ -318,7 +346,9 @@ def parse_scenario(doc: object, source: str) -> Scenario:
     at = _Path(source)
     d = _mapping(doc, at, "a YAML mapping with keys node, gpus, processes, …")
     _check_keys(d, {"node", "description", "nvml", "gpus", "processes", "phases"}, at)
-    gpus = tuple(_gpu(g, at / "gpus" / i, i) for i, g in enumerate(_list(d.get("gpus"), at / "gpus")))
+    gpus = tuple(
+        _gpu(g, at / "gpus" / i, i) for i, g in enumerate(_list(d.get("gpus"), at / "gpus"))
+    )
     _unique([g.uuid for g in gpus], at / "gpus", "GPU UUIDs")
     _unique([g.index for g in gpus], at / "gpus", "GPU indices")
     processes = tuple(

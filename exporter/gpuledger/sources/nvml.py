@@ -6,6 +6,7 @@ driver (or with none) keeps serving and recovers by itself.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -132,10 +133,8 @@ class NvmlSource:
 
     def close(self) -> None:
         if self._initialised:
-            try:
+            with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
-            except pynvml.NVMLError:
-                pass
             self._initialised = False
 
 

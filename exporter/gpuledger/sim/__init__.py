@@ -1,0 +1,1 @@
+"""Simulated sources for tests, the demo and `gpuledger simulate`."""

@@ -1,0 +1,774 @@
+/*
+ * A fake libnvidia-ml.so.1 for gpuledger's tests and `gpuledger simulate`.
+ *
+ * It exports the subset of the NVML C ABI that gpuledger, nvidia-ml-py and Ray call, with
+ * the same struct layouts and nvmlReturn_t codes, so the real Python bindings run unchanged
+ * against it. Devices come from a plain-text state file named by $GPULEDGER_FAKE_NVML_STATE
+ * (format: gpuledger/sim/fake_nvml.py and docs/scenarios.md):
+ *
+ *   driver <version>
+ *   init_error <nvml_return_code>
+ *   gpu <index> <uuid> <pci_bus_id> <mem_total> <mem_used> <util_gpu> <util_mem> <mig 0|1>
+ *       <ok|lost> <name to end of line>
+ *   proc <gpu_index> <pid> <used_memory_bytes>
+ *
+ * The file is re-read by every nvmlInit* and nvmlDeviceGetCount* call, so a harness can
+ * rewrite it (atomically, by rename) between phases and a long-running exporter sees the
+ * change. A missing variable or unreadable file means zero GPUs, and init still succeeds.
+ * Lines that do not parse are ignored. init_error only affects nvmlInit*.
+ *
+ * Handles are pointers into a fixed slot array indexed by GPU index, so they stay valid
+ * across reloads and keep referring to "the GPU at index i", as real handles do.
+ *
+ * Build variants (to exercise pynvml's fallbacks against older drivers):
+ *   -DFAKE_NVML_NO_V3         omit nvmlDeviceGetComputeRunningProcesses_v3
+ *   -DFAKE_NVML_NO_MEMORY_V2  omit nvmlDeviceGetMemoryInfo_v2
+ *
+ * Build with -fvisibility=hidden: only NVML_EXPORT symbols are public, and exported
+ * functions call static implementations only, so two copies loaded in one process (one per
+ * variant) never bind to each other's symbols.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NVML_EXPORT __attribute__((visibility("default")))
+
+typedef int nvmlReturn_t;
+
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+};
+
+#define STATE_ENV "GPULEDGER_FAKE_NVML_STATE"
+#define DEFAULT_DRIVER "550.54.15"
+#define CUDA_DRIVER_VERSION 12040
+#define MAX_GPUS 64
+#define MAX_PROCS 4096
+/* Buffer sizes match nvml.h (the *_V2_BUFFER_SIZE values pynvml passes). */
+#define NAME_LEN 96
+#define UUID_LEN 96
+#define BUS_ID_LEN 32
+#define BUS_ID_LEGACY_LEN 16
+#define DRIVER_LEN 80
+#define PCI_DEVICE_ID 0x233010DEu    /* H100 SXM5 */
+#define PCI_SUBSYSTEM_ID 0x16C110DEu
+#define NOT_IN_INSTANCE 0xFFFFFFFFu  /* gpu/compute instance id outside MIG */
+#define MEMORY_V2_VERSION 0x02000028u /* nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24 */
+
+/* ---- ABI structs (layouts from nvml.h / pynvml) ---- */
+
+typedef struct {
+    char busIdLegacy[BUS_ID_LEGACY_LEN];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[BUS_ID_LEN];
+} nvmlPciInfo_t;
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t; /* v2 and v3 share this layout */
+
+/* ---- simulated state ---- */
+
+struct fake_gpu {
+    int present;
+    unsigned int index;
+    char uuid[UUID_LEN];
+    char name[NAME_LEN];
+    char bus_id[BUS_ID_LEN];
+    char bus_id_legacy[BUS_ID_LEGACY_LEN];
+    unsigned int domain, bus, device, function;
+    unsigned long long mem_total, mem_used;
+    unsigned int util_gpu, util_mem;
+    int mig;
+    int lost;
+};
+
+struct fake_proc {
+    unsigned int gpu;
+    unsigned int pid;
+    unsigned long long used;
+};
+
+struct fake_state {
+    char driver[DRIVER_LEN];
+    nvmlReturn_t init_error;
+    unsigned int gpu_count; /* highest present index + 1 */
+    struct fake_gpu gpus[MAX_GPUS];
+    unsigned int nprocs;
+    struct fake_proc procs[MAX_PROCS];
+};
+
+typedef struct fake_gpu *nvmlDevice_t;
+
+/* One lock for reloads and reads: a reload rewrites the slots other threads read. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fake_state g_state;
+static unsigned int g_init_count; /* nvmlInit/nvmlShutdown are reference counted */
+
+/* ---- parsing ---- */
+
+static int parse_u64(const char *s, unsigned long long *out) {
+    if (s == NULL || *s == '\0') return 0;
+    for (const char *p = s; *p; p++)
+        if (!isdigit((unsigned char)*p)) return 0; /* strtoull would accept "-1", " 1", "0x" */
+    errno = 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || end == NULL || *end != '\0') return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_u32(const char *s, unsigned int *out) {
+    unsigned long long v;
+    if (!parse_u64(s, &v) || v > 0xFFFFFFFFull) return 0;
+    *out = (unsigned int)v;
+    return 1;
+}
+
+static int parse_hex(const char *s, size_t len, size_t max_len, unsigned int *out) {
+    if (len == 0 || len > max_len) return 0;
+    unsigned int v = 0;
+    for (size_t i = 0; i < len; i++) {
+        int c = (unsigned char)s[i];
+        if (!isxdigit(c)) return 0;
+        v = v * 16u + (unsigned int)(isdigit(c) ? c - '0' : tolower(c) - 'a' + 10);
+    }
+    *out = v;
+    return 1;
+}
+
+/* Accepts "DDDDDDDD:BB:DD.F", "DDDD:BB:DD.F", "BB:DD.F", with or without ".F", like NVML. */
+static int parse_bus_id(const char *s, unsigned int *domain, unsigned int *bus,
+                        unsigned int *device, unsigned int *function) {
+    const char *c1 = strchr(s, ':');
+    if (c1 == NULL) return 0;
+    const char *c2 = strchr(c1 + 1, ':');
+    const char *bus_start = s;
+    *domain = 0;
+    if (c2 != NULL) {
+        if (!parse_hex(s, (size_t)(c1 - s), 8, domain)) return 0;
+        bus_start = c1 + 1;
+        c1 = c2;
+    }
+    if (!parse_hex(bus_start, (size_t)(c1 - bus_start), 2, bus)) return 0;
+    const char *dev_start = c1 + 1;
+    const char *dot = strchr(dev_start, '.');
+    *function = 0;
+    if (dot != NULL) {
+        if (!parse_hex(dot + 1, strlen(dot + 1), 1, function) || *function > 7) return 0;
+        return parse_hex(dev_start, (size_t)(dot - dev_start), 2, device) && *device < 32;
+    }
+    return parse_hex(dev_start, strlen(dev_start), 2, device) && *device < 32;
+}
+
+static int is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+/* Splits off the next whitespace-delimited token in place; NULL when none is left. */
+static char *next_token(char **cursor) {
+    char *p = *cursor;
+    while (*p && is_blank(*p)) p++;
+    if (*p == '\0') {
+        *cursor = p;
+        return NULL;
+    }
+    char *start = p;
+    while (*p && !is_blank(*p)) p++;
+    if (*p) *p++ = '\0';
+    *cursor = p;
+    return start;
+}
+
+static int copy_str(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n == 0 || n >= cap) return 0;
+    memcpy(dst, src, n + 1);
+    return 1;
+}
+
+static void parse_gpu(char *rest) {
+    char *tok[9];
+    for (int i = 0; i < 9; i++)
+        if ((tok[i] = next_token(&rest)) == NULL) return;
+    /* The name is the rest of the line, trimmed: it may contain spaces. */
+    while (*rest && is_blank(*rest)) rest++;
+    size_t n = strlen(rest);
+    while (n > 0 && is_blank(rest[n - 1])) rest[--n] = '\0';
+
+    struct fake_gpu g;
+    memset(&g, 0, sizeof g);
+    unsigned int mig;
+    if (!parse_u32(tok[0], &g.index) || g.index >= MAX_GPUS) return;
+    if (!copy_str(g.uuid, sizeof g.uuid, tok[1])) return;
+    if (strlen(tok[2]) >= BUS_ID_LEN) return;
+    if (!parse_bus_id(tok[2], &g.domain, &g.bus, &g.device, &g.function)) return;
+    if (!parse_u64(tok[3], &g.mem_total) || !parse_u64(tok[4], &g.mem_used)) return;
+    if (!parse_u32(tok[5], &g.util_gpu) || !parse_u32(tok[6], &g.util_mem)) return;
+    if (!parse_u32(tok[7], &mig) || mig > 1) return;
+    if (strcmp(tok[8], "ok") == 0)
+        g.lost = 0;
+    else if (strcmp(tok[8], "lost") == 0)
+        g.lost = 1;
+    else
+        return;
+    if (!copy_str(g.name, sizeof g.name, rest)) return;
+    g.mig = (int)mig;
+    /* Report the bus id the way NVML formats it, whatever spelling the file used. */
+    snprintf(g.bus_id, sizeof g.bus_id, "%08X:%02X:%02X.%X", g.domain, g.bus, g.device,
+             g.function);
+    snprintf(g.bus_id_legacy, sizeof g.bus_id_legacy, "%04X:%02X:%02X.%X", g.domain & 0xFFFFu,
+             g.bus, g.device, g.function);
+    g.present = 1;
+    g_state.gpus[g.index] = g; /* a repeated index: the last line wins */
+}
+
+static void parse_proc(char *rest) {
+    char *t_gpu = next_token(&rest), *t_pid = next_token(&rest), *t_mem = next_token(&rest);
+    if (t_mem == NULL || next_token(&rest) != NULL) return;
+    struct fake_proc p;
+    if (!parse_u32(t_gpu, &p.gpu) || p.gpu >= MAX_GPUS) return;
+    if (!parse_u32(t_pid, &p.pid) || !parse_u64(t_mem, &p.used)) return;
+    if (g_state.nprocs >= MAX_PROCS) return;
+    g_state.procs[g_state.nprocs++] = p;
+}
+
+static void parse_line(char *line) {
+    char *rest = line;
+    char *kw = next_token(&rest);
+    if (kw == NULL || kw[0] == '#') return;
+    if (strcmp(kw, "gpu") == 0) {
+        parse_gpu(rest);
+    } else if (strcmp(kw, "proc") == 0) {
+        parse_proc(rest);
+    } else if (strcmp(kw, "driver") == 0) {
+        char *v = next_token(&rest);
+        if (v != NULL && next_token(&rest) == NULL)
+            copy_str(g_state.driver, sizeof g_state.driver, v);
+    } else if (strcmp(kw, "init_error") == 0) {
+        char *v = next_token(&rest);
+        unsigned int code;
+        if (v != NULL && next_token(&rest) == NULL && parse_u32(v, &code) && code <= 0x7FFFFFFFu)
+            g_state.init_error = (nvmlReturn_t)code;
+    }
+}
+
+/* Caller holds g_lock. getenv on every reload: the harness may repoint the variable. */
+static void reload_locked(void) {
+    memset(&g_state, 0, sizeof g_state);
+    memcpy(g_state.driver, DEFAULT_DRIVER, sizeof DEFAULT_DRIVER);
+    const char *path = getenv(STATE_ENV);
+    if (path == NULL || *path == '\0') return;
+    FILE *f = fopen(path, "re");
+    if (f == NULL) return;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) != -1) parse_line(line);
+    free(line);
+    fclose(f);
+    for (unsigned int i = 0; i < MAX_GPUS; i++)
+        if (g_state.gpus[i].present) g_state.gpu_count = i + 1;
+}
+
+/* ---- helpers shared by the entry points ---- */
+
+static nvmlReturn_t unlock_with(nvmlReturn_t rc) {
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static nvmlReturn_t copy_out(char *dst, unsigned int length, const char *src) {
+    size_t n = strlen(src);
+    if (dst == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((size_t)length < n + 1) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, n + 1);
+    return NVML_SUCCESS;
+}
+
+/*
+ * Locks, then validates the handle. On success returns with g_lock held and *gpu set; the
+ * caller must release it via unlock_with(). On failure the lock is already released.
+ * need_alive: the query needs the GPU on the bus (a lost GPU answers GPU_IS_LOST).
+ */
+static nvmlReturn_t enter_device(nvmlDevice_t device, struct fake_gpu **gpu, int need_alive) {
+    pthread_mutex_lock(&g_lock);
+    if (g_init_count == 0) return unlock_with(NVML_ERROR_UNINITIALIZED);
+    uintptr_t p = (uintptr_t)device, base = (uintptr_t)g_state.gpus;
+    if (p < base || p >= base + sizeof g_state.gpus || (p - base) % sizeof(struct fake_gpu) != 0)
+        return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    if (!device->present) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    if (need_alive && device->lost) return unlock_with(NVML_ERROR_GPU_IS_LOST);
+    *gpu = device;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t enter_system(void) {
+    pthread_mutex_lock(&g_lock);
+    if (g_init_count == 0) return unlock_with(NVML_ERROR_UNINITIALIZED);
+    return NVML_SUCCESS;
+}
+
+/* ---- init / system ---- */
+
+static nvmlReturn_t do_init(void) {
+    pthread_mutex_lock(&g_lock);
+    reload_locked();
+    if (g_state.init_error != NVML_SUCCESS) return unlock_with(g_state.init_error);
+    g_init_count++;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlInit_v2(void) { return do_init(); }
+NVML_EXPORT nvmlReturn_t nvmlInit(void) { return do_init(); }
+NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags; /* NO_GPUS / NO_ATTACH change nothing here: zero GPUs never fails init */
+    return do_init();
+}
+
+NVML_EXPORT nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&g_lock);
+    if (g_init_count == 0) return unlock_with(NVML_ERROR_UNINITIALIZED);
+    g_init_count--;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 8: return "Insufficient External Power";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 11: return "Interrupt Request Issue";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 14: return "Corrupted infoROM";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires restart";
+    case 17: return "The operating system has blocked the request.";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 19: return "In use by another client";
+    case 20: return "Insufficient Memory";
+    case 21: return "No data";
+    case 25: return "Argument version mismatch";
+    case 26: return "Deprecated";
+    case 27: return "Not ready";
+    case 28: return "GPU not found";
+    case 29: return "Invalid state";
+    default: return "Unknown Error";
+    }
+}
+
+NVML_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    nvmlReturn_t rc = enter_system();
+    if (rc != NVML_SUCCESS) return rc;
+    return unlock_with(copy_out(version, length, g_state.driver));
+}
+
+/* Like the real library, works without nvmlInit: "<CUDA major>.<driver version>". */
+NVML_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    char buf[DRIVER_LEN + 8];
+    pthread_mutex_lock(&g_lock);
+    snprintf(buf, sizeof buf, "%d.%s", CUDA_DRIVER_VERSION / 1000,
+             g_state.driver[0] ? g_state.driver : DEFAULT_DRIVER);
+    return unlock_with(copy_out(version, length, buf));
+}
+
+static nvmlReturn_t cuda_driver_version(int *version) {
+    nvmlReturn_t rc = enter_system();
+    if (rc != NVML_SUCCESS) return rc;
+    if (version == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *version = CUDA_DRIVER_VERSION;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) { return cuda_driver_version(v); }
+NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) {
+    return cuda_driver_version(v);
+}
+
+/* ---- enumeration ---- */
+
+static nvmlReturn_t device_count(unsigned int *count) {
+    nvmlReturn_t rc = enter_system();
+    if (rc != NVML_SUCCESS) return rc;
+    if (count == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    reload_locked(); /* the harness's phase changes become visible here */
+    *count = g_state.gpu_count;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) { return device_count(count); }
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return device_count(count); }
+
+static nvmlReturn_t handle_by_index(unsigned int index, nvmlDevice_t *device) {
+    nvmlReturn_t rc = enter_system();
+    if (rc != NVML_SUCCESS) return rc;
+    if (device == NULL || index >= MAX_GPUS || !g_state.gpus[index].present)
+        return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *device = &g_state.gpus[index];
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    return handle_by_index(index, device);
+}
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return handle_by_index(index, device);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    nvmlReturn_t rc = enter_system();
+    if (rc != NVML_SUCCESS) return rc;
+    if (uuid == NULL || device == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    for (unsigned int i = 0; i < MAX_GPUS; i++) {
+        if (g_state.gpus[i].present && strcmp(g_state.gpus[i].uuid, uuid) == 0) {
+            *device = &g_state.gpus[i];
+            return unlock_with(NVML_SUCCESS);
+        }
+    }
+    return unlock_with(NVML_ERROR_NOT_FOUND);
+}
+
+static nvmlReturn_t handle_by_bus_id(const char *bus_id, nvmlDevice_t *device) {
+    nvmlReturn_t rc = enter_system();
+    if (rc != NVML_SUCCESS) return rc;
+    unsigned int domain, bus, dev, function;
+    if (bus_id == NULL || device == NULL || !parse_bus_id(bus_id, &domain, &bus, &dev, &function))
+        return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    for (unsigned int i = 0; i < MAX_GPUS; i++) {
+        struct fake_gpu *g = &g_state.gpus[i];
+        if (g->present && g->domain == domain && g->bus == bus && g->device == dev &&
+            g->function == function) {
+            *device = g;
+            return unlock_with(NVML_SUCCESS);
+        }
+    }
+    return unlock_with(NVML_ERROR_NOT_FOUND);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *id, nvmlDevice_t *device) {
+    return handle_by_bus_id(id, device);
+}
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *id, nvmlDevice_t *device) {
+    return handle_by_bus_id(id, device);
+}
+
+/* ---- static identity: answered even for a lost GPU (the driver caches it) ---- */
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    return unlock_with(copy_out(uuid, length, g->uuid));
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    return unlock_with(copy_out(name, length, g->name));
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    if (index == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *index = g->index;
+    return unlock_with(NVML_SUCCESS);
+}
+
+/* /dev/nvidia<minor>: the fake numbers them like a typical host, minor == index. */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    if (minor == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *minor = g->index;
+    return unlock_with(NVML_SUCCESS);
+}
+
+static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    if (pci == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    memset(pci, 0, sizeof *pci);
+    memcpy(pci->busIdLegacy, g->bus_id_legacy, sizeof pci->busIdLegacy);
+    memcpy(pci->busId, g->bus_id, sizeof pci->busId);
+    pci->domain = g->domain;
+    pci->bus = g->bus;
+    pci->device = g->device;
+    pci->pciDeviceId = PCI_DEVICE_ID;
+    pci->pciSubSystemId = PCI_SUBSYSTEM_ID;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return pci_info(device, pci);
+}
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return pci_info(device, pci);
+}
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return pci_info(device, pci);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
+                                                            int *minor) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    if (major == NULL || minor == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *major = 9;
+    *minor = 0;
+    return unlock_with(NVML_SUCCESS);
+}
+
+/* ---- live queries: a lost GPU answers GPU_IS_LOST ---- */
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (memory == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    memory->total = g->mem_total;
+    memory->used = g->mem_used;
+    memory->free = g->mem_used < g->mem_total ? g->mem_total - g->mem_used : 0;
+    return unlock_with(NVML_SUCCESS);
+}
+
+#ifndef FAKE_NVML_NO_MEMORY_V2
+/* reserved is reported as 0, so v1 and v2 agree on used and free. */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (memory == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    if (memory->version != MEMORY_V2_VERSION)
+        return unlock_with(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    memory->total = g->mem_total;
+    memory->reserved = 0;
+    memory->used = g->mem_used;
+    memory->free = g->mem_used < g->mem_total ? g->mem_total - g->mem_used : 0;
+    return unlock_with(NVML_SUCCESS);
+}
+#endif
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+                                                       nvmlUtilization_t *utilization) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (utilization == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    utilization->gpu = g->util_gpu;
+    utilization->memory = g->util_mem;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
+                                              unsigned int *pending) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (current == NULL || pending == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *current = (unsigned int)g->mig;
+    *pending = (unsigned int)g->mig;
+    return unlock_with(NVML_SUCCESS);
+}
+
+/* MIG instances are not simulated: a MIG-enabled GPU reports zero MIG devices. */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (count == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *count = 0;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device,
+                                                             unsigned int index,
+                                                             nvmlDevice_t *mig) {
+    struct fake_gpu *g;
+    (void)index;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (mig == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    return unlock_with(NVML_ERROR_NOT_FOUND);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    if (is_mig == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *is_mig = 0;
+    return unlock_with(NVML_SUCCESS);
+}
+
+/* Plausible H100 numbers that follow utilization, so dashboards show movement. */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *milliwatts) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (milliwatts == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int util = g->util_gpu > 100 ? 100 : g->util_gpu;
+    *milliwatts = 70000u + util * 6000u;
+    return unlock_with(NVML_SUCCESS);
+}
+
+static nvmlReturn_t power_limit(nvmlDevice_t device, unsigned int *milliwatts) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (milliwatts == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *milliwatts = 700000u;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *mw) {
+    return power_limit(device, mw);
+}
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *mw) {
+    return power_limit(device, mw);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor,
+                                                  unsigned int *celsius) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (sensor != 0 /* NVML_TEMPERATURE_GPU */ || celsius == NULL)
+        return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int util = g->util_gpu > 100 ? 100 : g->util_gpu;
+    *celsius = 32u + util / 3u;
+    return unlock_with(NVML_SUCCESS);
+}
+
+/*
+ * Running processes, with NVML's size protocol: *count in = array capacity, out = number of
+ * processes. A NULL array or too small a capacity gives INSUFFICIENT_SIZE and the needed
+ * count, except that no processes with capacity 0 is plain SUCCESS (pynvml relies on it).
+ */
+enum proc_layout { LAYOUT_V1, LAYOUT_V2 };
+
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, void *infos,
+                                      enum proc_layout layout, int graphics) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    if (count == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int needed = 0;
+    if (!graphics)
+        for (unsigned int i = 0; i < g_state.nprocs; i++)
+            if (g_state.procs[i].gpu == g->index) needed++;
+    unsigned int capacity = *count;
+    *count = needed;
+    if (needed == 0) return unlock_with(NVML_SUCCESS);
+    if (infos == NULL || capacity < needed) return unlock_with(NVML_ERROR_INSUFFICIENT_SIZE);
+    unsigned int out = 0;
+    for (unsigned int i = 0; i < g_state.nprocs; i++) {
+        const struct fake_proc *p = &g_state.procs[i];
+        if (p->gpu != g->index) continue;
+        if (layout == LAYOUT_V1) {
+            nvmlProcessInfo_v1_t *dst = (nvmlProcessInfo_v1_t *)infos + out;
+            memset(dst, 0, sizeof *dst);
+            dst->pid = p->pid;
+            dst->usedGpuMemory = p->used;
+        } else {
+            nvmlProcessInfo_t *dst = (nvmlProcessInfo_t *)infos + out;
+            memset(dst, 0, sizeof *dst);
+            dst->pid = p->pid;
+            dst->usedGpuMemory = p->used;
+            dst->gpuInstanceId = NOT_IN_INSTANCE;
+            dst->computeInstanceId = NOT_IN_INSTANCE;
+        }
+        out++;
+    }
+    return unlock_with(NVML_SUCCESS);
+}
+
+#ifndef FAKE_NVML_NO_V3
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                                 unsigned int *count,
+                                                                 nvmlProcessInfo_t *infos) {
+    return running_processes(device, count, infos, LAYOUT_V2, 0);
+}
+#endif
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                                 unsigned int *count,
+                                                                 nvmlProcessInfo_t *infos) {
+    return running_processes(device, count, infos, LAYOUT_V2, 0);
+}
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                              unsigned int *count,
+                                                              nvmlProcessInfo_v1_t *infos) {
+    return running_processes(device, count, infos, LAYOUT_V1, 0);
+}
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
+                                                                  unsigned int *count,
+                                                                  nvmlProcessInfo_t *infos) {
+    return running_processes(device, count, infos, LAYOUT_V2, 1);
+}
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device,
+                                                                  unsigned int *count,
+                                                                  nvmlProcessInfo_t *infos) {
+    return running_processes(device, count, infos, LAYOUT_V2, 1);
+}
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device,
+                                                               unsigned int *count,
+                                                               nvmlProcessInfo_v1_t *infos) {
+    return running_processes(device, count, infos, LAYOUT_V1, 1);
+}

@@ -1,0 +1,75 @@
+"""Shared helpers: run the real pipeline against a simulated node and read its exposition."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuledger.pipeline import Pipeline
+from gpuledger.server import Exporter
+from gpuledger.sim.harness import SimulatedNode
+from gpuledger.sim.scenario import Scenario, parse_scenario
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+Sample = tuple[str, dict[str, str], float]
+
+
+def samples(exposition: str) -> list[Sample]:
+    return [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+    ]
+
+
+def pick(all_samples: list[Sample], name: str, **labels: str) -> list[Sample]:
+    return [
+        s for s in all_samples if s[0] == name and all(s[1].get(k) == v for k, v in labels.items())
+    ]
+
+
+def value(all_samples: list[Sample], name: str, **labels: str) -> float:
+    found = pick(all_samples, name, **labels)
+    assert len(found) == 1, f"expected one {name}{labels}, found {found}"
+    return found[0][2]
+
+
+class Run:
+    """A simulated node plus the real pipeline, cycled on demand."""
+
+    def __init__(self, scenario: Scenario, tmp: Path) -> None:
+        self.scenario = scenario
+        self.node = SimulatedNode(scenario, tmp)
+        self.pipeline = Pipeline(self.node.pipeline_config(deadline_seconds=3.0))
+        self.exporter = Exporter(self.pipeline.cycle, interval_seconds=1.0)
+
+    def scrape(self, phase: str | None = None) -> list[Sample]:
+        if phase is not None:
+            self.node.apply(self.scenario.at_phase(phase))
+        self.exporter.run_once()
+        body, _ = self.exporter.render(None)
+        return samples(body.decode())
+
+    def close(self) -> None:
+        self.pipeline.close()
+        self.node.close()
+
+
+@pytest.fixture
+def simulate(tmp_path: Path) -> Iterator[Any]:
+    runs: list[Run] = []
+
+    def start(doc: dict[str, Any]) -> Run:
+        run = Run(parse_scenario(doc, "test.yaml"), tmp_path / f"node{len(runs)}")
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.close()
