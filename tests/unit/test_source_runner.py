@@ -1,0 +1,50 @@
+"""A source that hangs, fails or crashes is contained and reported, never raised."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gpuledger.sources.base import SourceError, SourceRunner
+
+
+def test_success() -> None:
+    value, status = SourceRunner[int]("x", 1.0).run(lambda: 42)
+    assert value == 42 and status.up and status.error_reason is None
+
+
+def test_source_error_keeps_reason_and_message() -> None:
+    def fail() -> int:
+        raise SourceError("socket_missing", "no socket at /x")
+
+    value, status = SourceRunner[int]("x", 1.0).run(fail)
+    assert value is None and not status.up
+    assert (status.error_reason, status.error_message) == ("socket_missing", "no socket at /x")
+
+
+def test_unexpected_exception_reports_type_only() -> None:
+    def crash() -> int:
+        raise ValueError("secret-value-in-message")
+
+    _, status = SourceRunner[int]("x", 1.0).run(crash)
+    assert status.error_reason == "internal_error"
+    assert status.error_message == "ValueError"
+
+
+def test_hung_fetch_times_out_and_does_not_pile_up_threads() -> None:
+    release = threading.Event()
+    runner = SourceRunner[int]("slow", 0.2)
+    started = time.monotonic()
+    value, status = runner.run(lambda: int(release.wait(30)))
+    assert value is None and status.error_reason == "timeout"
+    assert time.monotonic() - started < 5
+    threads = threading.active_count()
+    for _ in range(5):
+        _, status = runner.run(lambda: 1)
+        assert status.error_reason == "still_running"
+    assert threading.active_count() == threads
+    release.set()
+    time.sleep(0.1)
+    value, status = runner.run(lambda: 7)
+    assert value == 7 and status.up  # recovers once the hung call returns
+    runner.close()
