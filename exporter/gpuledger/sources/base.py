@@ -44,17 +44,28 @@ class SourceRunner(Generic[T]):
         self._pending: concurrent.futures.Future[T] | None = None
 
     def run(self, fetch: Callable[[], T]) -> tuple[T | None, SourceStatus]:
+        return self.start(fetch).wait()
+
+    def start(self, fetch: Callable[[], T]) -> Started[T]:
+        """Begin a fetch; `wait()` on the result gives it until the deadline counted from now."""
         started = time.monotonic()
         if self._pending is not None and not self._pending.done():
+            return Started(self, None, started)
+        self._pending = self._executor.submit(fetch)
+        return Started(self, self._pending, started)
+
+    def _finish(
+        self, future: concurrent.futures.Future[T] | None, started: float
+    ) -> tuple[T | None, SourceStatus]:
+        if future is None:
             return None, self._status(
                 started,
                 "still_running",
                 f"previous fetch still running after the {self.deadline_seconds:g}s deadline",
             )
-        future = self._executor.submit(fetch)
-        self._pending = future
+        remaining = max(0.0, self.deadline_seconds - (time.monotonic() - started))
         try:
-            value = future.result(timeout=self.deadline_seconds)
+            value = future.result(timeout=remaining)
         except concurrent.futures.TimeoutError:
             return None, self._status(
                 started, "timeout", f"no answer within the {self.deadline_seconds:g}s deadline"
@@ -78,3 +89,18 @@ class SourceRunner(Generic[T]):
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class Started(Generic[T]):
+    """A fetch in flight; several can run at once, each under its own deadline."""
+
+    def __init__(
+        self,
+        runner: SourceRunner[T],
+        future: concurrent.futures.Future[T] | None,
+        started: float,
+    ) -> None:
+        self._runner, self._future, self._started = runner, future, started
+
+    def wait(self) -> tuple[T | None, SourceStatus]:
+        return self._runner._finish(self._future, self._started)
