@@ -1,0 +1,503 @@
+"""vLLM source: scrape engines' `/metrics` and map the few series the ledger needs.
+
+Two layers:
+
+* :func:`parse_exposition` is pure: Prometheus text in, one :class:`EngineMetrics` per
+  (model_name, engine) out. It tolerates every naming generation we know of (see the
+  ``_*`` name constants) and keeps nothing it does not need: ``vllm:cache_config_info``
+  grows a label every release, so only :data:`CACHE_CONFIG_LABELS` survive.
+* :class:`VllmScraper` fetches many engines concurrently, each bounded in time and body
+  size, and turns every failure into that engine's own ``up=False`` plus a reason from
+  :data:`REASONS` (or ``http_<status>``). One bad engine never affects another, and
+  :meth:`VllmScraper.fetch` does not raise.
+
+Secrets: response bodies and header values never reach an error message or a log line
+(an error page may echo a token). URLs in messages lose userinfo, query and fragment.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlsplit
+
+import requests
+import urllib3.exceptions
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuledger import __version__
+from gpuledger.model import frozen_map
+
+log = logging.getLogger(__name__)
+
+SOURCE = "vllm"
+
+# The only cache_config_info labels kept; every other label is dropped unread.
+CACHE_CONFIG_LABELS: tuple[str, ...] = ("num_gpu_blocks", "block_size")
+
+# Bounded vocabulary for EngineScrape.error_reason, plus "http_<status>".
+REASONS: tuple[str, ...] = (
+    "timeout",  # connect/read timeout, or the whole scrape ran past its deadline
+    "refused",  # nothing listens on the port (typical while the model still loads)
+    "unreachable",  # reset, DNS failure, no route: any other connection failure
+    "tls_error",
+    "truncated",  # the body ended before its declared length
+    "too_large",  # decoded body exceeded the cap
+    "garbage",  # not a Prometheus text exposition, or not decodable
+    "not_vllm",  # parsable, but no vllm: series (prometheus.io annotation candidates)
+    "invalid_url",
+    "too_many_redirects",
+    "internal_error",  # a bug: contained to this target
+)
+
+Origin = Literal["static", "annotation", "prometheus_annotation"]
+
+DEFAULT_TIMEOUT_SECONDS = 5.0
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_WORKERS = 8
+# A hostile or broken exposition must not explode the ledger's cardinality.
+MAX_ENGINES_PER_TARGET = 256
+MAX_WAITING_REASONS = 16
+
+_CHUNK = 64 * 1024
+_MAX_REDIRECTS = 3
+
+# Series names across releases. Older engines (V0, before the rename in 0.9/0.10) used
+# gpu_cache_usage_perc and had no `engine` label; newer ones expose both for a while.
+_RUNNING = "vllm:num_requests_running"
+_WAITING = "vllm:num_requests_waiting"
+_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # 0.20+
+_KV_USAGE = "vllm:kv_cache_usage_perc"  # a 0-1 ratio despite "perc" (HELP: 1 = 100%)
+_KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # same 0-1 ratio, the pre-rename name
+# The parser keeps a counter's `_total` on its samples; a counter exposed without the
+# suffix (or an untyped series) arrives under the bare name.
+_PREEMPTIONS = frozenset({"vllm:num_preemptions_total", "vllm:num_preemptions"})
+_CACHE_CONFIG = "vllm:cache_config_info"
+_VALUE_SERIES = frozenset(
+    {_RUNNING, _WAITING, _WAITING_BY_REASON, _KV_USAGE, _KV_USAGE_OLD, *_PREEMPTIONS}
+)
+
+
+class ExpositionError(ValueError):
+    """The text is not a Prometheus text exposition we can read.
+
+    The message never quotes the text: an error page can carry tokens.
+    """
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """What one vLLM engine (one data-parallel rank of one served model) reports."""
+
+    model_name: str
+    # Data-parallel rank, the `engine` label; engines that predate it are "0".
+    engine: str
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    # From vllm:num_requests_waiting_by_reason (0.20+): capacity / deferred; empty before.
+    waiting_by_reason: Mapping[str, float] = field(default_factory=frozen_map)
+    kv_cache_usage_ratio: float | None = None
+    preemptions_total: float | None = None
+    # Only CACHE_CONFIG_LABELS, as strings exactly as exposed.
+    cache_config: Mapping[str, str] = field(default_factory=frozen_map)
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """One `/metrics` endpoint to scrape, with the identity the caller already knows."""
+
+    url: str
+    namespace: str = ""
+    pod: str = ""
+    pod_uid: str = ""
+    workload: str = ""
+    origin: Origin = "static"
+
+
+@dataclass(frozen=True)
+class EngineScrape:
+    """How one target fared in one cycle; `engines` is empty unless `up`."""
+
+    target: EngineTarget
+    up: bool
+    error_reason: str | None
+    error_message: str | None
+    engines: tuple[EngineMetrics, ...]
+    duration_seconds: float
+
+
+@dataclass(frozen=True)
+class VllmSnapshot:
+    """One scrape per target, in the order the targets were given."""
+
+    scrapes: tuple[EngineScrape, ...] = ()
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def looks_like_vllm(text: str) -> bool:
+    """True when any sample line is a `vllm:` series. Cheap, never raises, no parsing."""
+    return any(line.lstrip().startswith("vllm:") for line in text.splitlines())
+
+
+@dataclass
+class _Builder:
+    running: float | None = None
+    waiting: float | None = None
+    by_reason: dict[str, float] = field(default_factory=dict)
+    kv_new: float | None = None
+    kv_old: float | None = None
+    preemptions: float | None = None
+
+
+def _finite(value: float) -> float | None:
+    # NaN/Inf in a gauge means "unknown", not a number to export.
+    return value if math.isfinite(value) else None
+
+
+def _samples(text: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                yield sample.name, sample.labels, float(sample.value)
+    except ExpositionError:
+        raise
+    except Exception as exc:
+        # The parser reports malformed input as ValueError, IndexError, KeyError or
+        # TypeError depending on where it breaks; all mean "not an exposition". Its
+        # messages quote the offending line, so only the type is kept.
+        raise ExpositionError(f"not a Prometheus text exposition ({type(exc).__name__})") from None
+
+
+def parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
+    """Map a vLLM `/metrics` text exposition to one EngineMetrics per (model, engine).
+
+    Engines are those that expose at least one of the value series (running, waiting,
+    waiting by reason, KV-cache usage, preemptions); `cache_config_info` only attaches
+    to them. Raises :class:`ExpositionError` for text the Prometheus parser rejects, or
+    with more than MAX_ENGINES_PER_TARGET engines.
+    """
+    builders: dict[tuple[str, str], _Builder] = {}
+    # (model_name or None, engine or None): None where the label is absent. A key that
+    # saw two different configs is ambiguous (several models behind one endpoint with
+    # no model_name on the info series) and is dropped rather than guessed.
+    configs: dict[tuple[str | None, str | None], dict[str, str] | None] = {}
+
+    for name, labels, raw in _samples(text):
+        if name == _CACHE_CONFIG:
+            key = (labels.get("model_name"), labels.get("engine"))
+            kept = {k: labels[k] for k in CACHE_CONFIG_LABELS if k in labels}
+            if key in configs and configs[key] != kept:
+                configs[key] = None
+            else:
+                configs[key] = kept
+            continue
+        if name not in _VALUE_SERIES:
+            continue
+        engine_key = (labels.get("model_name", ""), labels.get("engine", "0"))
+        builder = builders.get(engine_key)
+        if builder is None:
+            if len(builders) >= MAX_ENGINES_PER_TARGET:
+                raise ExpositionError(
+                    f"more than {MAX_ENGINES_PER_TARGET} (model_name, engine) pairs"
+                )
+            builder = builders[engine_key] = _Builder()
+        value = _finite(raw)
+        if name == _RUNNING:
+            builder.running = value
+        elif name == _WAITING:
+            builder.waiting = value
+        elif name == _WAITING_BY_REASON:
+            reason = labels.get("reason")
+            if (
+                value is not None
+                and reason is not None
+                and (reason in builder.by_reason or len(builder.by_reason) < MAX_WAITING_REASONS)
+            ):
+                builder.by_reason[reason] = value
+        elif name == _KV_USAGE:
+            builder.kv_new = value
+        elif name == _KV_USAGE_OLD:
+            builder.kv_old = value
+        else:  # preemptions, under either name
+            builder.preemptions = value
+
+    def config_for(model: str, engine: str) -> Mapping[str, str]:
+        for key in ((model, engine), (None, engine), (model, None), (None, None)):
+            if key in configs:
+                found = configs[key]
+                return frozen_map(found) if found is not None else frozen_map()
+        return frozen_map()
+
+    return tuple(
+        EngineMetrics(
+            model_name=model,
+            engine=engine,
+            requests_running=b.running,
+            requests_waiting=b.waiting,
+            waiting_by_reason=frozen_map(b.by_reason),
+            kv_cache_usage_ratio=b.kv_new if b.kv_new is not None else b.kv_old,
+            preemptions_total=b.preemptions,
+            cache_config=config_for(model, engine),
+        )
+        for (model, engine), b in sorted(builders.items(), key=lambda kv: _order(kv[0]))
+    )
+
+
+def _order(key: tuple[str, str]) -> tuple[str, int, str]:
+    model, engine = key
+    # Numeric ranks sort numerically (2 before 10); anything else after them.
+    return (model, int(engine) if engine.isdigit() else 1 << 62, engine)
+
+
+# -------------------------------------------------------------------------- scraping
+
+
+def safe_url(url: str) -> str:
+    """The URL for messages: scheme, host, port and path only (no userinfo, query)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<invalid url>"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    return f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else "<invalid url>"
+
+
+class _ScrapeFailed(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and everything it wraps: requests nests urllib3 nests OSError."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack and len(seen) < 32:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        linked = [current.__cause__, current.__context__, getattr(current, "reason", None)]
+        linked.extend(a for a in current.args if isinstance(a, BaseException))
+        stack.extend(e for e in linked if isinstance(e, BaseException))
+
+
+def _classify(exc: Exception) -> str:
+    """Map a requests/urllib3 failure to a reason. Only types are inspected, never text."""
+    chain = list(_causes(exc))
+
+    def has(*types: type[BaseException]) -> bool:
+        return any(isinstance(e, types) for e in chain)
+
+    if has(
+        requests.exceptions.InvalidURL,
+        requests.exceptions.MissingSchema,
+        requests.exceptions.InvalidSchema,
+        requests.exceptions.URLRequired,
+    ):
+        return "invalid_url"
+    if has(requests.exceptions.TooManyRedirects):
+        return "too_many_redirects"
+    if has(ConnectionRefusedError):
+        return "refused"
+    # urllib3's NewConnectionError (and NameResolutionError) subclass ConnectTimeoutError
+    # for history's sake: a failed connect or DNS lookup is not a timeout.
+    timeouts = (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)
+    if any(
+        isinstance(e, timeouts) and not isinstance(e, urllib3.exceptions.NewConnectionError)
+        for e in chain
+    ):
+        return "timeout"
+    if has(requests.exceptions.SSLError, urllib3.exceptions.SSLError):
+        return "tls_error"
+    if has(urllib3.exceptions.IncompleteRead, requests.exceptions.ChunkedEncodingError):
+        return "truncated"
+    if has(requests.exceptions.ContentDecodingError, urllib3.exceptions.DecodeError):
+        return "garbage"
+    return "unreachable"
+
+
+_MESSAGES: dict[str, str] = {
+    "invalid_url": "not a valid http(s) URL",
+    "too_many_redirects": f"more than {_MAX_REDIRECTS} redirects",
+    "refused": "connection refused (engine not listening yet, or wrong port)",
+    "tls_error": "TLS handshake or certificate verification failed",
+    "truncated": "connection closed before the whole body arrived",
+    "garbage": "body could not be decoded",
+    "unreachable": "connection failed (reset, DNS or routing)",
+}
+
+
+def _body_chunks(response: requests.Response) -> Iterator[bytes]:
+    """Decoded body pieces as they arrive.
+
+    read1 returns whatever one socket read brings (iter_content would wait for a full
+    chunk), so the deadline is checked while a slow server trickles; it decodes gzip
+    with a bounded output per call, so the size cap applies to decoded bytes.
+    """
+    raw = response.raw
+    if hasattr(raw, "read1"):  # urllib3 >= 2.3
+        while chunk := raw.read1(_CHUNK, decode_content=True):
+            yield chunk
+    else:
+        yield from raw.stream(8 * 1024, decode_content=True)
+
+
+class VllmScraper:
+    """Scrapes vLLM engines concurrently, each bounded in time and body size.
+
+    `timeout_seconds` bounds connect, each read, and the whole body transfer: a scrape
+    ends at the deadline even against a server that trickles bytes, so one target costs
+    at most about twice `timeout_seconds` (a read already waiting when the deadline
+    passes finishes first).
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        verify_tls: bool = True,
+    ) -> None:
+        if timeout_seconds <= 0 or max_body_bytes <= 0 or max_workers <= 0:
+            raise ValueError("timeout_seconds, max_body_bytes and max_workers must be > 0")
+        self.timeout_seconds = timeout_seconds
+        self.max_body_bytes = max_body_bytes
+        self.max_workers = max_workers
+        self.verify_tls = verify_tls
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def fetch(self, targets: Sequence[EngineTarget]) -> VllmSnapshot:
+        if not targets:
+            return VllmSnapshot()
+        executor = self._pool()
+        futures = [executor.submit(self.scrape_one, t) for t in targets]
+        return VllmSnapshot(tuple(f.result() for f in futures))
+
+    def scrape_one(self, target: EngineTarget) -> EngineScrape:
+        """Scrape one target; never raises."""
+        started = time.monotonic()
+        try:
+            engines = self._scrape(target, started + self.timeout_seconds)
+        except _ScrapeFailed as exc:
+            return self._failed(target, started, exc.reason, exc.message)
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+            reason = _classify(exc)
+            if reason == "timeout":
+                message = f"no answer within {self.timeout_seconds:g}s"
+            else:
+                message = _MESSAGES[reason]
+            return self._failed(target, started, reason, message)
+        except Exception as exc:  # a bug: contained to this target, type only
+            log.warning(
+                "vLLM scrape of %s failed unexpectedly: %s",
+                safe_url(target.url),
+                type(exc).__name__,
+            )
+            return self._failed(target, started, "internal_error", type(exc).__name__)
+        return EngineScrape(target, True, None, None, engines, time.monotonic() - started)
+
+    def __enter__(self) -> VllmScraper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self.max_workers, thread_name_prefix="vllm-scrape"
+                )
+            return self._executor
+
+    def _failed(
+        self, target: EngineTarget, started: float, reason: str, message: str
+    ) -> EngineScrape:
+        return EngineScrape(
+            target,
+            up=False,
+            error_reason=reason,
+            error_message=f"{safe_url(target.url)}: {message}",
+            engines=(),
+            duration_seconds=time.monotonic() - started,
+        )
+
+    def _scrape(self, target: EngineTarget, deadline: float) -> tuple[EngineMetrics, ...]:
+        body = self._download(target.url, deadline)
+        text = body.decode("utf-8", errors="replace")
+        # A prometheus.io-annotated pod is only a candidate: decide "is it vLLM" before
+        # judging its syntax, so a non-vLLM app is dropped, not reported as garbage.
+        if target.origin == "prometheus_annotation" and not looks_like_vllm(text):
+            raise _ScrapeFailed("not_vllm", "no vllm: series in the exposition")
+        try:
+            engines = parse_exposition(text)
+        except ExpositionError as exc:
+            raise _ScrapeFailed("garbage", str(exc)) from None
+        if not engines and not looks_like_vllm(text):
+            raise _ScrapeFailed("not_vllm", "no vllm: series in the exposition")
+        return engines
+
+    def _download(self, url: str, deadline: float) -> bytes:
+        with requests.Session() as session:
+            # Pod IPs must not go through a proxy from the environment; no .netrc either.
+            session.trust_env = False
+            session.max_redirects = _MAX_REDIRECTS
+            response = session.get(
+                url,
+                headers={
+                    # Plain text format: prometheus_client's text parser is what we run.
+                    "Accept": "text/plain;version=0.0.4;q=1.0, */*;q=0.1",
+                    "Accept-Encoding": "gzip",
+                    "User-Agent": f"gpuledger/{__version__}",
+                },
+                timeout=(self.timeout_seconds, self.timeout_seconds),
+                stream=True,
+                verify=self.verify_tls,
+            )
+            with response:
+                status = response.status_code
+                if status != 200:
+                    code = status if 100 <= status <= 599 else 0
+                    raise _ScrapeFailed(f"http_{code}", f"HTTP status {code}")
+                declared = response.headers.get("Content-Length", "")
+                encoded = response.headers.get("Content-Encoding", "identity") != "identity"
+                if not encoded and declared.isdigit() and int(declared) > self.max_body_bytes:
+                    raise self._too_large()
+                chunks: list[bytes] = []
+                size = 0
+                for chunk in _body_chunks(response):
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise self._too_large()
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise _ScrapeFailed(
+                            "timeout", f"body not complete within {self.timeout_seconds:g}s"
+                        )
+                return b"".join(chunks)
+
+    def _too_large(self) -> _ScrapeFailed:
+        return _ScrapeFailed("too_large", f"body larger than {self.max_body_bytes} bytes")
