@@ -24,6 +24,7 @@ from gpuledger.sim.scenario import Scenario, ScenarioError, load_scenario
 
 log = logging.getLogger("gpuledger")
 
+DEFAULT_PODRESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_LISTEN = ":9402"  # not taken by dcgm-exporter (9400) or nvidia_gpu_exporter (9835)
 EXIT_USAGE = 2
 
@@ -111,6 +112,46 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         default=_env("NVML_LIBRARY"),
         help="path of libnvidia-ml.so.1 to load instead of the system one "
         "(env GPULEDGER_NVML_LIBRARY)",
+    )
+    p.add_argument(
+        "--kubernetes",
+        choices=["auto", "on", "off"],
+        default=_env("KUBERNETES", "auto"),
+        help="read pods from the Kubernetes API; auto: when running in a cluster or "
+        "--kubeconfig is given (env GPULEDGER_KUBERNETES; default %(default)s)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=_env("KUBECONFIG_PATH"),
+        help="kubeconfig file for running outside the cluster (env GPULEDGER_KUBECONFIG_PATH)",
+    )
+    p.add_argument(
+        "--podresources-socket",
+        default=_env("PODRESOURCES_SOCKET"),
+        help="kubelet PodResources socket; empty disables (env GPULEDGER_PODRESOURCES_SOCKET; "
+        f"default {DEFAULT_PODRESOURCES} when Kubernetes is on)",
+    )
+    p.add_argument(
+        "--gpu-resource",
+        action="append",
+        default=None,
+        help="extended resource names that are GPUs, repeatable, trailing * as a prefix "
+        "(env GPULEDGER_GPU_RESOURCES, comma-separated; default nvidia.com/gpu,nvidia.com/mig-*)",
+    )
+    p.add_argument(
+        "--vllm-target",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="a vLLM /metrics URL to scrape, repeatable, for engines outside Kubernetes "
+        "(env GPULEDGER_VLLM_TARGETS, comma-separated)",
+    )
+    p.add_argument(
+        "--vllm-discovery",
+        choices=["on", "off"],
+        default=_env("VLLM_DISCOVERY", "on"),
+        help="scrape pods on this node annotated gpuledger.io/vllm-port or prometheus.io/port "
+        "(env GPULEDGER_VLLM_DISCOVERY; default %(default)s)",
     )
     p.add_argument(
         "--node-name",
@@ -219,18 +260,39 @@ def demo_scenario_path() -> Path:
     return Path(str(resources.files("gpuledger.sim") / "scenarios" / "demo.yaml"))
 
 
+def _list(flag: list[str] | None, env: str, default: str = "") -> tuple[str, ...]:
+    values = flag if flag is not None else (_env(env, default) or "").split(",")
+    return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
+
+
+def serve_config(args: argparse.Namespace) -> PipelineConfig:
+    kubernetes = args.kubernetes == "on" or (
+        args.kubernetes == "auto"
+        and (bool(args.kubeconfig) or "KUBERNETES_SERVICE_HOST" in os.environ)
+    )
+    socket_path = args.podresources_socket
+    if socket_path is None:
+        socket_path = DEFAULT_PODRESOURCES if kubernetes else ""
+    return PipelineConfig(
+        node=args.node_name,
+        mode=args.mode,
+        proc_root=args.proc_root,
+        nvml_library=args.nvml_library,
+        source_deadline_seconds=args.source_deadline,
+        podresources_socket=socket_path or None,
+        gpu_resources=_list(args.gpu_resource, "GPU_RESOURCES", "nvidia.com/gpu,nvidia.com/mig-*"),
+        kubernetes=kubernetes,
+        kubeconfig=args.kubeconfig,
+        vllm_targets=_list(args.vllm_target, "VLLM_TARGETS"),
+        vllm_discovery=args.vllm_discovery == "on",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     if args.command == "serve":
-        config = PipelineConfig(
-            node=args.node_name,
-            mode=args.mode,
-            proc_root=args.proc_root,
-            nvml_library=args.nvml_library,
-            source_deadline_seconds=args.source_deadline,
-        )
-        return run_exporter(config, args)
+        return run_exporter(serve_config(args), args)
     path = demo_scenario_path() if args.command == "demo" else Path(args.file)
     try:
         scenario = load_scenario(path)

@@ -13,8 +13,19 @@ from prometheus_client.registry import Collector
 
 from gpuledger import __version__
 from gpuledger.ledger import ContainerRef, Ledger
+from gpuledger.sources.kubernetes import PodInfo
 
 CONTAINER_LABELS = ["namespace", "pod", "pod_uid", "container", "workload"]
+POD_LABELS = ["namespace", "pod", "pod_uid", "workload"]
+ENGINE_LABELS = [*POD_LABELS, "model_name", "engine"]
+CONFIG_LABELS = [
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "max_num_seqs",
+    "num_gpu_blocks",
+    "block_size",
+]
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,10 @@ class Published:
 
 def _container_values(ref: ContainerRef) -> list[str]:
     return [ref.namespace, ref.pod, ref.pod_uid, ref.container, ref.workload]
+
+
+def _pod_values(pod: PodInfo) -> list[str]:
+    return [pod.namespace, pod.name, pod.uid, pod.workload]
 
 
 def _gauge(name: str, doc: str, labels: list[str], unit: str = "") -> GaugeMetricFamily:
@@ -104,6 +119,121 @@ def container_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (memory, count, unattributed, devices)
 
 
+def kubernetes_families(ledger: Ledger) -> Iterator[Metric]:
+    node = ledger.node
+    allocation = _gauge(
+        "gpuledger_gpu_allocation_info",
+        "1: the kubelet (PodResources) says this container holds this GPU.",
+        ["gpu_uuid", *CONTAINER_LABELS[:4], "resource"],
+    )
+    for a in ledger.allocations:
+        allocation.add_metric(
+            [node, a.gpu_uuid, *_container_values(a.container)[:4], a.resource], 1
+        )
+    labels = ["gpu_uuid", *CONTAINER_LABELS]
+    unused = _gauge(
+        "gpuledger_gpu_allocated_unused",
+        "1: GPU allocated to the container, but none of its processes has a context on it.",
+        labels,
+    )
+    unallocated = _gauge(
+        "gpuledger_gpu_unallocated_use",
+        "1: a container's process uses this GPU although it is not allocated to it.",
+        labels,
+    )
+    families = {"allocated_unused": unused, "unallocated_use": unallocated}
+    for d in ledger.discrepancies:
+        families[d.kind].add_metric(
+            [node, d.gpu_uuid, *_container_values(d.container)], 1 if d.active else 0
+        )
+    starting = _gauge(
+        "gpuledger_pod_starting",
+        "1: a GPU pod on this node is placed but not Ready yet (pulling, loading the model).",
+        POD_LABELS,
+    )
+    for state in ledger.pods:
+        starting.add_metric([node, *_pod_values(state.pod)], 1 if state.starting else 0)
+    yield from (allocation, unused, unallocated, starting)
+
+
+def pending_families(ledger: Ledger) -> Iterator[Metric]:
+    node = ledger.node
+    placement = _gauge(
+        "gpuledger_pod_pending_placement",
+        "1 per pod the scheduler has not placed (PodScheduled=False), by dominant reason.",
+        [*POD_LABELS, "reason"],
+    )
+    gpus = _gauge("gpuledger_pod_pending_gpus", "GPUs an unplaced pod requests.", POD_LABELS)
+    since = _gauge(
+        "gpuledger_pod_pending_since_timestamp_seconds",
+        "When PodScheduled became False for an unplaced pod (Unix time).",
+        POD_LABELS,
+    )
+    for pod in ledger.pending:
+        values = [node, *_pod_values(pod)]
+        placement.add_metric([*values, pod.pending_reason or "other"], 1)
+        gpus.add_metric(values, pod.gpu_requests)
+        if pod.pending_since is not None:
+            since.add_metric(values, pod.pending_since)
+    yield from (placement, gpus, since)
+
+
+def engine_families(ledger: Ledger) -> Iterator[Metric]:
+    node = ledger.node
+    up = _gauge(
+        "gpuledger_engine_up", "1 if the last scrape of this vLLM engine succeeded.", ENGINE_LABELS
+    )
+    requests = _gauge(
+        "gpuledger_engine_requests",
+        "Requests in the engine: running (in this step's batch) or waiting (queued).",
+        [*ENGINE_LABELS, "state"],
+    )
+    by_reason = _gauge(
+        "gpuledger_engine_requests_waiting_by_reason",
+        "Waiting requests by the engine's reason (vLLM 0.20+: capacity, deferred).",
+        [*ENGINE_LABELS, "reason"],
+    )
+    kv = _gauge(
+        "gpuledger_engine_kv_cache_usage_ratio",
+        "Fraction of KV-cache blocks in use, 0-1.",
+        ENGINE_LABELS,
+    )
+    preemptions = CounterMetricFamily(
+        "gpuledger_engine_preemptions",
+        "Requests the engine preempted (vllm:num_preemptions_total).",
+        labels=["node", *ENGINE_LABELS],
+    )
+    config = _gauge(
+        "gpuledger_engine_config_info",
+        "1: the engine's configuration (whitelisted API-server flags and cache config).",
+        [*ENGINE_LABELS, *CONFIG_LABELS],
+    )
+    gpu = _gauge(
+        "gpuledger_engine_gpu_info",
+        "1: a process of the engine (role engine_core or worker, rank) holds this GPU.",
+        [*ENGINE_LABELS, "gpu_uuid", "role", "rank"],
+    )
+    for e in ledger.engines:
+        values = [node, e.namespace, e.pod, e.pod_uid, e.workload, e.model_name, e.engine]
+        up.add_metric(values, 1 if e.up else 0)
+        config.add_metric([*values, *(e.config.get(k, "") for k in CONFIG_LABELS)], 1)
+        for g in e.gpus:
+            gpu.add_metric([*values, g.gpu_uuid, g.role, g.rank], 1)
+        m = e.metrics
+        if m is None:
+            continue
+        for state, count in (("running", m.requests_running), ("waiting", m.requests_waiting)):
+            if count is not None:
+                requests.add_metric([*values, state], count)
+        for reason, count in sorted(m.waiting_by_reason.items()):
+            by_reason.add_metric([*values, reason], count)
+        if m.kv_cache_usage_ratio is not None:
+            kv.add_metric(values, m.kv_cache_usage_ratio)
+        if m.preemptions_total is not None:
+            preemptions.add_metric(values, m.preemptions_total)
+    yield from (up, requests, by_reason, kv, preemptions, config, gpu)
+
+
 def self_families(published: Published, now: float) -> Iterator[Metric]:
     ledger = published.ledger
     node = ledger.node
@@ -149,6 +279,12 @@ class LedgerCollector(Collector):
         published, now = self._current()
         if published is None:
             return
-        yield from gpu_families(published.ledger)
-        yield from container_families(published.ledger)
+        ledger = published.ledger
+        if ledger.mode == "node":
+            yield from gpu_families(ledger)
+            yield from container_families(ledger)
+            yield from kubernetes_families(ledger)
+            yield from engine_families(ledger)
+        else:
+            yield from pending_families(ledger)
         yield from self_families(published, now)

@@ -1,8 +1,9 @@
 """One collection cycle: run the sources under their deadlines, join them, publish.
 
-Sources run in a fixed order because procfs needs the PIDs NVML reported; each has its
-own deadline, so the worst case for a cycle is the sum of the deadlines, and a scrape
-never waits on any of it (it renders the last published ledger).
+Sources that need nothing from each other run at the same time; procfs (which needs
+NVML's PIDs) and vLLM (which needs the pods on this node) run in a second stage. Each
+source has its own deadline, so a cycle takes at most two deadlines, and a scrape never
+waits on any of it: it renders the last published ledger.
 """
 
 from __future__ import annotations
@@ -11,15 +12,28 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from gpuledger.collector import Published
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import NvmlSnapshot, ProcSnapshot, SourceStatus
 from gpuledger.sources import nvml, procfs
-from gpuledger.sources.base import SourceRunner
+from gpuledger.sources import podresources as podres
+from gpuledger.sources.base import DISABLED, SourceRunner, Started
+from gpuledger.sources.kubernetes import SOURCE as KUBERNETES
+from gpuledger.sources.kubernetes import PodInfo, PodInformer, PodsSnapshot
+from gpuledger.sources.vllm import SOURCE as VLLM
+from gpuledger.sources.vllm import EngineTarget, VllmScraper, VllmSnapshot
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+PORT_ANNOTATION = "gpuledger.io/vllm-port"
+PATH_ANNOTATION = "gpuledger.io/vllm-path"
+SCHEME_ANNOTATION = "gpuledger.io/vllm-scheme"
 
 
 @dataclass(frozen=True)
@@ -29,28 +43,131 @@ class PipelineConfig:
     proc_root: str = "/proc"
     nvml_library: str | None = None
     source_deadline_seconds: float = 5.0
+    # None: not configured here (e.g. a box without Kubernetes).
+    podresources_socket: str | None = None
+    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*")
+    kubernetes: bool = False
+    kubeconfig: str | None = None
+    vllm_targets: tuple[str, ...] = ()
+    vllm_discovery: bool = True
+    vllm_timeout_seconds: float = 3.0
+    vllm_max_body_bytes: int = 8 * 1024 * 1024
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def vllm_targets(pods: Sequence[PodInfo], static: Sequence[str]) -> tuple[EngineTarget, ...]:
+    """Engines to scrape: annotated pods on this node, then static URLs."""
+    targets: list[EngineTarget] = []
+    by_ip = {p.pod_ip: p for p in pods if p.pod_ip}
+    for pod in pods:
+        if pod.phase != "Running" or not pod.pod_ip or pod.deletion:
+            continue
+        notes = pod.annotations
+        if PORT_ANNOTATION in notes:
+            port, path = notes[PORT_ANNOTATION], notes.get(PATH_ANNOTATION, "/metrics")
+            scheme, origin = notes.get(SCHEME_ANNOTATION, "http"), "annotation"
+        elif "prometheus.io/port" in notes and notes.get("prometheus.io/scrape") != "false":
+            port, path = notes["prometheus.io/port"], notes.get("prometheus.io/path", "/metrics")
+            scheme, origin = notes.get("prometheus.io/scheme", "http"), "prometheus_annotation"
+        else:
+            continue
+        if not port.isdigit() or scheme not in ("http", "https"):
+            continue
+        host = f"[{pod.pod_ip}]" if ":" in pod.pod_ip else pod.pod_ip
+        url = f"{scheme}://{host}:{port}/{path.lstrip('/')}"
+        targets.append(_target(url, pod, origin))
+    for url in static:
+        host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+        targets.append(_target(url, by_ip.get(host), "static"))
+    return tuple(targets)
+
+
+def _target(url: str, pod: PodInfo | None, origin: Any) -> EngineTarget:
+    if pod is None:
+        return EngineTarget(url=url, origin=origin)
+    return EngineTarget(
+        url=url,
+        namespace=pod.namespace,
+        pod=pod.name,
+        pod_uid=pod.uid,
+        workload=pod.workload,
+        origin=origin,
+    )
 
 
 class Pipeline:
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config
-        self._nvml = nvml.NvmlSource(config.nvml_library)
-        self._procfs = procfs.ProcfsSource(config.proc_root)
         deadline = config.source_deadline_seconds
-        self._nvml_runner: SourceRunner[NvmlSnapshot] = SourceRunner(nvml.SOURCE, deadline)
-        self._procfs_runner: SourceRunner[ProcSnapshot] = SourceRunner(procfs.SOURCE, deadline)
+        self._runners: dict[str, SourceRunner[Any]] = {}
+        self._closers: list[Callable[[], None]] = []
+        self._nvml: nvml.NvmlSource | None = None
+        self._procfs: procfs.ProcfsSource | None = None
+        self._podres: podres.PodResourcesSource | None = None
+        self._informer: PodInformer | None = None
+        self._vllm: VllmScraper | None = None
+        if config.mode == "node":
+            self._nvml = nvml.NvmlSource(config.nvml_library)
+            self._procfs = procfs.ProcfsSource(config.proc_root)
+            self._closers.append(self._nvml.close)
+            if config.podresources_socket:
+                self._podres = podres.PodResourcesSource(
+                    config.podresources_socket,
+                    config.gpu_resources,
+                    timeout_seconds=max(0.1, deadline * 0.8),
+                )
+                self._closers.append(self._podres.close)
+            if config.vllm_targets or (config.vllm_discovery and config.kubernetes):
+                self._vllm = VllmScraper(
+                    timeout_seconds=min(config.vllm_timeout_seconds, deadline / 2),
+                    max_body_bytes=config.vllm_max_body_bytes,
+                )
+                self._closers.append(self._vllm.close)
+        if config.kubernetes:
+            self._informer = PodInformer(
+                "node" if config.mode == "node" else "cluster",
+                node_name=config.node if config.mode == "node" else None,
+                kubeconfig=config.kubeconfig,
+                gpu_resources=config.gpu_resources,
+                pending_gpu_only=config.mode == "cluster",
+            )
+            self._closers.append(self._informer.stop)
+        for name in (nvml.SOURCE, procfs.SOURCE, podres.SOURCE, KUBERNETES, VLLM):
+            self._runners[name] = SourceRunner(name, deadline)
+        self._known_engines: dict[str, list[tuple[str, str]]] = {}
         self._errors: Counter[tuple[str, str]] = Counter()
         self._last_success: dict[str, float] = {}
         self._last_reason: dict[str, str | None] = {}
         self._lock = threading.Lock()
 
+    def _start(self, name: str, fetch: Callable[[], T] | None) -> Started[T]:
+        return Started.disabled(name) if fetch is None else self._runners[name].start(fetch)
+
     def cycle(self) -> Published:
         """Take one coherent snapshot of every source and join it."""
         started = time.time()
-        nvml_snap, nvml_status = self._nvml_runner.run(self._nvml.fetch)
+        nvml_started = self._start(nvml.SOURCE, self._nvml.fetch if self._nvml else None)
+        podres_started = self._start(podres.SOURCE, self._podres.fetch if self._podres else None)
+        pods_started = self._start(KUBERNETES, self._informer.fetch if self._informer else None)
+        nvml_snap, nvml_status = nvml_started.wait()
+        podres_snap, podres_status = podres_started.wait()
+        pods_snap, pods_status = pods_started.wait()
+
         pids = [p.pid for g in nvml_snap.gpus for p in g.processes] if nvml_snap else []
-        proc_snap, proc_status = self._procfs_runner.run(lambda: self._procfs.fetch(pids))
-        statuses = (nvml_status, proc_status)
+        proc_fetch = self._procfs.fetch if self._procfs else None
+        proc_started = self._start(
+            procfs.SOURCE, (lambda: proc_fetch(pids)) if proc_fetch else None
+        )
+        vllm_started = self._start_vllm(pods_snap)
+        proc_snap, proc_status = proc_started.wait()
+        vllm_snap, vllm_status = vllm_started.wait()
+
+        node_mode = self.config.mode == "node"
+        statuses = tuple(
+            s
+            for s in (nvml_status, proc_status, podres_status, pods_status, vllm_status)
+            if node_mode or s.source == KUBERNETES
+        )
         ledger = build_ledger(
             node=self.config.node,
             mode=self.config.mode,
@@ -58,22 +175,51 @@ class Pipeline:
             nvml=nvml_snap,
             procs=proc_snap,
             sources=statuses,
+            pods=pods_snap if node_mode else None,
+            podresources=podres_snap,
+            vllm=vllm_snap,
+            known_engines=dict(self._known_engines),
+            pending=None if node_mode else pods_snap,
         )
+        self._remember_engines(vllm_snap)
         self._account(statuses, started)
         return self.published(ledger)
+
+    def _start_vllm(self, pods: PodsSnapshot | None) -> Started[VllmSnapshot]:
+        scraper = self._vllm
+        if scraper is None:
+            return Started.disabled(VLLM)
+        discovered = pods.pods if pods is not None and self.config.vllm_discovery else ()
+        targets = vllm_targets(discovered, self.config.vllm_targets)
+        return self._runners[VLLM].start(lambda: scraper.fetch(targets))
+
+    def _remember_engines(self, snapshot: VllmSnapshot | None) -> None:
+        if snapshot is None:
+            return
+        current = {s.target.url for s in snapshot.scrapes}
+        for url in list(self._known_engines):
+            if url not in current:
+                del self._known_engines[url]  # no longer a target: forget its engines
+        for scrape in snapshot.scrapes:
+            if scrape.up and scrape.engines:
+                self._known_engines[scrape.target.url] = [
+                    (e.model_name, e.engine) for e in scrape.engines
+                ]
 
     def _account(self, statuses: tuple[SourceStatus, ...], when: float) -> None:
         with self._lock:
             for status in statuses:
                 if status.up:
                     self._last_success[status.source] = when
-                else:
+                elif status.error_reason != DISABLED:
                     self._errors[(status.source, status.error_reason or "unknown")] += 1
                 # Log transitions only: a source down for hours must not flood the log.
                 reason = None if status.up else status.error_reason
                 if self._last_reason.get(status.source, "") != reason:
                     if status.up:
                         log.info("source %s is up", status.source)
+                    elif reason == DISABLED:
+                        log.info("source %s is not configured", status.source)
                     else:
                         log.warning(
                             "source %s is down (%s): %s",
@@ -92,6 +238,13 @@ class Pipeline:
             )
 
     def close(self) -> None:
-        self._nvml_runner.close()
-        self._procfs_runner.close()
-        self._nvml.close()
+        for runner in self._runners.values():
+            runner.close()
+        for close in self._closers:
+            try:
+                close()
+            except Exception:  # closing must not stop the others from closing
+                log.debug("close failed", exc_info=True)
+
+
+__all__ = ["NvmlSnapshot", "Pipeline", "PipelineConfig", "ProcSnapshot", "vllm_targets"]

@@ -1,4 +1,3 @@
-
 """vLLM exposition parsing: fixtures of three naming generations, edge cases, fuzzing."""
 
 from __future__ import annotations

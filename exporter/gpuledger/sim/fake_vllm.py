@@ -612,8 +612,11 @@ class FakeVllmServer:
         gzip_enabled: bool = True,
         slow_seconds: float = 2.0,
         huge_bytes: int = 32 * 1024 * 1024,
+        host: str = "127.0.0.1",
     ) -> None:
         render_exposition(engines)  # fail fast on mixed styles
+        # Any 127.0.0.0/8 address works on Linux: the harness gives each pod its own.
+        self.host = host
         self._engines: tuple[FakeEngine, ...] = tuple(engines)
         self._path = path
         self._fault: Fault = fault
@@ -636,7 +639,7 @@ class FakeVllmServer:
             self._listen()
         else:  # reserve a port number so `url` is stable before the first listen
             with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
+                probe.bind((self.host, 0))
                 self._port = probe.getsockname()[1]
         return self
 
@@ -656,7 +659,7 @@ class FakeVllmServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._port}{self._path}"
+        return f"http://{self.host}:{self._port}{self._path}"
 
     # -- live changes
     def set_engines(self, engines: Sequence[FakeEngine]) -> None:
@@ -680,7 +683,7 @@ class FakeVllmServer:
     def _listen(self) -> None:
         if self._httpd is not None:
             return
-        self._httpd = _Server(("127.0.0.1", self._port), self)
+        self._httpd = _Server((self.host, self._port), self)
         self._port = self._httpd.server_address[1]
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,

@@ -12,8 +12,11 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from gpuledger.pipeline import PipelineConfig
+from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
+from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sim.fake_nvml import (
     STATE_ENV,
     FakeGpu,
@@ -22,7 +25,8 @@ from gpuledger.sim.fake_nvml import (
     build_fake_nvml,
     write_state,
 )
-from gpuledger.sim.scenario import Scenario, SimProcess
+from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
+from gpuledger.sim.scenario import Scenario, SimPod, SimProcess, SimVllm
 
 _COMM_LIMIT = 15  # the kernel cuts comm to 15 bytes; titles live in cmdline
 
@@ -87,6 +91,64 @@ def write_proc_root(root: Path, processes: tuple[SimProcess, ...]) -> None:
         )
 
 
+def pod_object(pod: SimPod, ip: str | None, vllm_port: int | None) -> dict[str, Any]:
+    """The Pod as the API server would return it."""
+    annotations = dict(pod.annotations)
+    if vllm_port is not None:
+        # Point whichever discovery annotation the pod uses at the simulated engine.
+        key = "prometheus.io/port" if "prometheus.io/port" in annotations else None
+        annotations[key or "gpuledger.io/vllm-port"] = str(vllm_port)
+    conditions = None
+    if pod.pending_reason:
+        conditions = [pod_scheduled_false(pod.pending_reason, pod.pending_message)]
+    elif not pod.ready and pod.node:
+        conditions = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": None},
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "ContainersNotReady",
+                "lastTransitionTime": None,
+            },
+        ]
+    return make_pod(
+        pod.namespace,
+        pod.name,
+        uid=pod.uid,
+        node=pod.node or None,
+        phase=pod.phase,
+        labels=pod.labels,
+        owner=pod.owner,
+        containers=[
+            (c.name, c.gpus, f"containerd://{c.id}" if c.id else None) for c in pod.containers
+        ],
+        conditions=conditions,
+        pod_ip=ip,
+        scheduling_gates=("kueue.x-k8s.io/admission",)
+        if pod.pending_reason == "SchedulingGated"
+        else (),
+        annotations=annotations,
+    )
+
+
+def fake_engines(sim: SimVllm) -> list[FakeEngine]:
+    return [
+        FakeEngine(
+            model_name=e.model_name,
+            engine=e.engine,
+            running=e.running,
+            waiting=e.waiting,
+            waiting_by_reason=dict(e.waiting_by_reason),
+            kv_cache_usage=e.kv_cache_usage,
+            preemptions_total=e.preemptions_total,
+            num_gpu_blocks=e.num_gpu_blocks,
+            block_size=e.block_size,
+            style=sim.style,  # type: ignore[arg-type]
+        )
+        for e in sim.engines
+    ]
+
+
 class SimulatedNode:
     """A scenario's simulated sources, living in a work directory until closed."""
 
@@ -103,22 +165,107 @@ class SimulatedNode:
             self.library_path = str(build_fake_nvml(frozenset(scenario.nvml.variants)))
         # The fake library reads this at every (re)load; one simulated node per process.
         os.environ[STATE_ENV] = str(self.state_file)
-        self.apply(scenario)
+        self.apiserver: FakeApiServer | None = None
+        self.kubelet: FakeKubelet | None = None
+        self.engines: dict[str, FakeVllmServer] = {}
+        self._socket_dir: str | None = None
+        self._pods: dict[str, SimPod] = {}
+        try:
+            self._start_services(scenario)
+            self.apply(scenario)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_services(self, scenario: Scenario) -> None:
+        # Each engine gets its own loopback address, like a pod IP (any 127/8 works).
+        for i, sim in enumerate(scenario.vllm):
+            server = FakeVllmServer(
+                fake_engines(sim),
+                fault=sim.fault,  # type: ignore[arg-type]
+                host=f"127.77.{i // 250}.{i % 250 + 1}",
+            )
+            self.engines[sim.key] = server.start()
+        if scenario.pods is not None:
+            self.apiserver = FakeApiServer().start()
+            self.kubeconfig = self.apiserver.kubeconfig(self.workdir / "kubeconfig")
+        if scenario.allocations is not None:
+            # Unix socket paths are limited to 107 bytes: keep this one short.
+            self._socket_dir = tempfile.mkdtemp(prefix="gl-", dir="/tmp")
+            self.socket_path = os.path.join(self._socket_dir, "kubelet.sock")
+            self.kubelet = FakeKubelet(self.socket_path).start()
 
     def apply(self, state: Scenario) -> None:
         """Make the simulated node look like `state` (a scenario, possibly at a phase)."""
         write_state(self.state_file, nvml_state(state))
         write_proc_root(self.proc_root, state.processes)
+        for sim in state.vllm:
+            server = self.engines[sim.key]
+            server.set_engines(fake_engines(sim))
+            server.set_fault(sim.fault)  # type: ignore[arg-type]
+        if self.apiserver is not None:
+            self.apiserver.set_fault(state.kubernetes_fault)  # type: ignore[arg-type]
+            self._sync_pods(state)
+        if self.kubelet is not None:
+            self._sync_allocations(state)
+
+    def _sync_pods(self, state: Scenario) -> None:
+        assert self.apiserver is not None
+        wanted = {p.key: p for p in state.pods or ()}
+        for key, old in list(self._pods.items()):
+            if key not in wanted:
+                self.apiserver.delete_pod(old.namespace, old.name)
+                del self._pods[key]
+        for key, pod in wanted.items():
+            if self._pods.get(key) == pod:
+                continue
+            server = self.engines.get(key)
+            ip = server.host if server else pod.pod_ip
+            obj = pod_object(pod, ip, server.port if server else None)
+            if key in self._pods:
+                self.apiserver.update_pod(obj)
+            else:
+                self.apiserver.add_pod(obj)
+            self._pods[key] = pod
+
+    def _sync_allocations(self, state: Scenario) -> None:
+        assert self.kubelet is not None
+        fault = state.podresources_fault
+        self.kubelet.set_fault("ok" if fault == "missing" else fault)  # type: ignore[arg-type]
+        grouped: dict[tuple[str, str], dict[str, list[tuple[str, list[str]]]]] = {}
+        for a in state.allocations or ():
+            containers = grouped.setdefault((a.namespace, a.pod), {})
+            containers.setdefault(a.container, []).append((a.resource, list(a.devices)))
+        self.kubelet.set_pods([(ns, pod, list(cs.items())) for (ns, pod), cs in grouped.items()])
 
     def pipeline_config(self, deadline_seconds: float = 5.0) -> PipelineConfig:
+        socket = None
+        if self.kubelet is not None:
+            missing = self.scenario.podresources_fault == "missing"
+            socket = self.socket_path + ".absent" if missing else self.socket_path
         return PipelineConfig(
             node=self.scenario.node,
+            mode=self.scenario.mode,
             proc_root=str(self.proc_root),
             nvml_library=self.library_path,
             source_deadline_seconds=deadline_seconds,
+            podresources_socket=socket,
+            kubernetes=self.apiserver is not None,
+            kubeconfig=str(self.kubeconfig) if self.apiserver is not None else None,
+            vllm_targets=tuple(
+                self.engines[v.key].url for v in self.scenario.vllm if v.pod is None
+            ),
         )
 
     def close(self) -> None:
+        for server in self.engines.values():
+            server.stop()
+        if self.apiserver is not None:
+            self.apiserver.close()
+        if self.kubelet is not None:
+            self.kubelet.stop(grace_seconds=0.2)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -7,6 +7,7 @@ Errors name the file, the path inside it and what was expected, e.g.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -72,12 +73,81 @@ class SimNvml:
 
 
 @dataclass(frozen=True)
+class SimContainer:
+    name: str
+    id: str | None  # runtime container ID (64 hex), as in the process's cgroup
+    gpus: int = 0  # nvidia.com/gpu limit
+
+
+@dataclass(frozen=True)
+class SimPod:
+    namespace: str
+    name: str
+    uid: str
+    node: str  # "" = not placed
+    phase: str
+    ready: bool
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    owner: tuple[str, str] | None
+    pod_ip: str | None
+    containers: tuple[SimContainer, ...]
+    pending_reason: str | None  # Unschedulable | SchedulingGated
+    pending_message: str
+    raw: Mapping[str, Any]  # the document, so a phase can patch it
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class SimAllocation:
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SimEngine:
+    model_name: str
+    engine: int
+    running: float
+    waiting: float
+    waiting_by_reason: Mapping[str, float]
+    kv_cache_usage: float
+    preemptions_total: float
+    num_gpu_blocks: int
+    block_size: int
+
+
+@dataclass(frozen=True)
+class SimVllm:
+    """One vLLM API server's /metrics: in a pod (`pod: ns/name`) or a static target."""
+
+    key: str  # the pod's ns/name, or static-<n>
+    pod: str | None
+    engines: tuple[SimEngine, ...]
+    fault: str
+    style: str
+    raw: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class Phase:
     name: str
     after_seconds: float
     gpus: Mapping[str, Mapping[str, Any]]
     processes: Mapping[int, Mapping[str, Any] | None]
     add_processes: tuple[SimProcess, ...]
+    pods: Mapping[str, Mapping[str, Any] | None] = field(default_factory=frozen_map)
+    add_pods: tuple[Mapping[str, Any], ...] = ()
+    allocations: tuple[SimAllocation, ...] | None = None
+    vllm: Mapping[str, Mapping[str, Any]] = field(default_factory=frozen_map)
+    kubernetes_fault: str | None = None
+    podresources_fault: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +159,13 @@ class Scenario:
     gpus: tuple[SimGpu, ...]
     processes: tuple[SimProcess, ...]
     phases: tuple[Phase, ...] = ()
+    mode: str = "node"
+    # None: that simulated source is not stood up (the exporter reports it disabled).
+    pods: tuple[SimPod, ...] | None = None
+    kubernetes_fault: str = "ok"
+    allocations: tuple[SimAllocation, ...] | None = None
+    podresources_fault: str = "ok"
+    vllm: tuple[SimVllm, ...] = ()
 
     def at_phase(self, name: str | None) -> Scenario:
         """This scenario with every phase up to and including `name` applied."""
@@ -265,6 +342,184 @@ def _process(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> SimProcess:
     )
 
 
+_POD_KEYS = {
+    "namespace",
+    "name",
+    "uid",
+    "node",
+    "phase",
+    "ready",
+    "labels",
+    "annotations",
+    "owner",
+    "pod_ip",
+    "containers",
+    "pending",
+}
+KUBERNETES_FAULTS = ("ok", "refuse", "http_500", "forbidden", "unauthorized", "hang")
+PODRESOURCES_FAULTS = ("ok", "unavailable", "hang", "missing")
+VLLM_FAULTS = ("ok", "hang", "refuse", "http_500", "garbage", "truncated", "huge", "slow")
+
+
+def _str_map(value: object, at: _Path) -> dict[str, str]:
+    return {_str(k, at, "a name"): str(v) for k, v in _mapping(value or {}, at).items()}
+
+
+def _pod(doc: object, at: _Path, node: str) -> SimPod:
+    d = _mapping(doc, at)
+    _check_keys(d, _POD_KEYS, at)
+    namespace = _str(d.get("namespace", "default"), at / "namespace")
+    name = _str(d.get("name"), at / "name", "a pod name")
+    containers = []
+    for i, c in enumerate(_list(d.get("containers") or [{"name": "main"}], at / "containers")):
+        cm = _mapping(c, at / "containers" / i)
+        _check_keys(cm, {"name", "id", "gpus"}, at / "containers" / i)
+        cid = cm.get("id")
+        containers.append(
+            SimContainer(
+                name=_str(cm.get("name"), at / "containers" / i / "name"),
+                id=None if cid is None else _str(cid, at / "containers" / i / "id"),
+                gpus=_int(cm.get("gpus", 0), at / "containers" / i / "gpus"),
+            )
+        )
+    pending = _mapping(d.get("pending") or {}, at / "pending")
+    _check_keys(pending, {"reason", "message"}, at / "pending")
+    reason = pending.get("reason")
+    if reason not in (None, "Unschedulable", "SchedulingGated"):
+        raise (at / "pending" / "reason").fail("Unschedulable or SchedulingGated", reason)
+    owner = d.get("owner")
+    owner_pair = None
+    if owner is not None:
+        om = _mapping(owner, at / "owner")
+        _check_keys(om, {"kind", "name"}, at / "owner")
+        owner_pair = (
+            _str(om.get("kind"), at / "owner" / "kind"),
+            _str(om.get("name"), at / "owner" / "name"),
+        )
+    default_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuledger-sim/{namespace}/{name}"))
+    return SimPod(
+        namespace=namespace,
+        name=name,
+        uid=_str(d.get("uid", default_uid), at / "uid"),
+        node="" if reason else str(d.get("node", node)),
+        phase=_str(d.get("phase", "Pending" if reason else "Running"), at / "phase"),
+        ready=_bool(d.get("ready", not reason), at / "ready"),
+        labels=frozen_map(_str_map(d.get("labels"), at / "labels")),
+        annotations=frozen_map(_str_map(d.get("annotations"), at / "annotations")),
+        owner=owner_pair,
+        pod_ip=None if d.get("pod_ip") is None else _str(d.get("pod_ip"), at / "pod_ip"),
+        containers=tuple(containers),
+        pending_reason=reason,
+        pending_message=str(pending.get("message", "")),
+        raw=frozen_map(d),
+    )
+
+
+def _allocation(doc: object, at: _Path) -> SimAllocation:
+    d = _mapping(doc, at)
+    _check_keys(d, {"namespace", "pod", "container", "resource", "devices"}, at)
+    return SimAllocation(
+        namespace=_str(d.get("namespace", "default"), at / "namespace"),
+        pod=_str(d.get("pod"), at / "pod", "a pod name"),
+        container=_str(d.get("container", "main"), at / "container"),
+        resource=_str(d.get("resource", "nvidia.com/gpu"), at / "resource"),
+        devices=tuple(
+            _str(x, at / "devices" / i, "a device id like GPU-…")
+            for i, x in enumerate(_list(d.get("devices"), at / "devices"))
+        ),
+    )
+
+
+def _number(value: object, at: _Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise at.fail("a number >= 0", value)
+    return float(value)
+
+
+_ENGINE_KEYS = {
+    "model_name",
+    "engine",
+    "running",
+    "waiting",
+    "waiting_by_reason",
+    "kv_cache_usage",
+    "preemptions_total",
+    "num_gpu_blocks",
+    "block_size",
+}
+
+
+def _engine(doc: object, at: _Path) -> SimEngine:
+    d = _mapping(doc, at)
+    _check_keys(d, _ENGINE_KEYS, at)
+    return SimEngine(
+        model_name=_str(d.get("model_name", "meta-llama/Llama-3.1-8B-Instruct"), at / "model_name"),
+        engine=_int(d.get("engine", 0), at / "engine"),
+        running=_number(d.get("running", 0), at / "running"),
+        waiting=_number(d.get("waiting", 0), at / "waiting"),
+        waiting_by_reason={
+            k: _number(v, at / "waiting_by_reason" / k)
+            for k, v in _mapping(d.get("waiting_by_reason") or {}, at / "waiting_by_reason").items()
+        },
+        kv_cache_usage=_ratio(d.get("kv_cache_usage", 0.0), at / "kv_cache_usage"),
+        preemptions_total=_number(d.get("preemptions_total", 0), at / "preemptions_total"),
+        num_gpu_blocks=_int(d.get("num_gpu_blocks", 8192), at / "num_gpu_blocks"),
+        block_size=_int(d.get("block_size", 16), at / "block_size", 1),
+    )
+
+
+def _vllm(doc: object, at: _Path, position: int) -> SimVllm:
+    d = _mapping(doc, at)
+    _check_keys(d, {"pod", "engines", "fault", "style"}, at)
+    pod = d.get("pod")
+    if pod is not None and (not isinstance(pod, str) or pod.count("/") != 1):
+        raise (at / "pod").fail("namespace/name of a pod under kubernetes.pods", pod)
+    fault = d.get("fault", "ok")
+    if fault not in VLLM_FAULTS:
+        raise (at / "fault").fail(f"one of {', '.join(VLLM_FAULTS)}", fault)
+    style = str(d.get("style", "0.32"))
+    if style not in ("0.32", "0.10"):
+        raise (at / "style").fail("0.32 or 0.10", style)
+    engines = tuple(
+        _engine(e, at / "engines" / i)
+        for i, e in enumerate(_list(d.get("engines") or [{}], at / "engines"))
+    )
+    return SimVllm(
+        key=pod if isinstance(pod, str) else f"static-{position}",
+        pod=pod if isinstance(pod, str) else None,
+        engines=engines,
+        fault=fault,
+        style=style,
+        raw=frozen_map(d),
+    )
+
+
+def _kubernetes(doc: object, at: _Path, node: str) -> tuple[tuple[SimPod, ...], str]:
+    d = _mapping(doc, at)
+    _check_keys(d, {"pods", "fault"}, at)
+    fault = d.get("fault", "ok")
+    if fault not in KUBERNETES_FAULTS:
+        raise (at / "fault").fail(f"one of {', '.join(KUBERNETES_FAULTS)}", fault)
+    pods = tuple(
+        _pod(p, at / "pods" / i, node) for i, p in enumerate(_list(d.get("pods"), at / "pods"))
+    )
+    _unique([p.key for p in pods], at / "pods", "namespace/name pairs")
+    return pods, fault
+
+
+def _podresources(doc: object, at: _Path) -> tuple[tuple[SimAllocation, ...], str]:
+    d = _mapping(doc, at)
+    _check_keys(d, {"allocations", "fault"}, at)
+    fault = d.get("fault", "ok")
+    if fault not in PODRESOURCES_FAULTS:
+        raise (at / "fault").fail(f"one of {', '.join(PODRESOURCES_FAULTS)}", fault)
+    allocations = tuple(
+        _allocation(a, at / "allocations" / i)
+        for i, a in enumerate(_list(d.get("allocations"), at / "allocations"))
+    )
+    return allocations, fault
+
+
 def _nvml(doc: object, at: _Path) -> SimNvml:
     d = _mapping(doc or {}, at)
     _check_keys(d, {"library", "variants", "init_error", "driver_version"}, at)
@@ -285,15 +540,32 @@ def _nvml(doc: object, at: _Path) -> SimNvml:
 
 def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
     d = _mapping(doc, at)
-    _check_keys(d, {"name", "after", "gpus", "processes", "add_processes"}, at)
+    _check_keys(
+        d,
+        {
+            "name",
+            "after",
+            "gpus",
+            "processes",
+            "add_processes",
+            "pods",
+            "add_pods",
+            "allocations",
+            "vllm",
+            "kubernetes_fault",
+            "podresources_fault",
+        },
+        at,
+    )
     gpu_patches: dict[str, Mapping[str, Any]] = {}
     known = {g.uuid for g in gpus}
-    for uuid, patch in _mapping(d.get("gpus") or {}, at / "gpus").items():
-        if uuid not in known:
-            raise (at / "gpus" / str(uuid)).fail("the UUID of a GPU listed under gpus", uuid)
-        patch_map = _mapping(patch, at / "gpus" / str(uuid))
-        _check_keys(patch_map, _GPU_KEYS - {"uuid", "index"}, at / "gpus" / str(uuid))
-        gpu_patches[uuid] = patch_map
+    for gpu_uuid, patch in _mapping(d.get("gpus") or {}, at / "gpus").items():
+        where = at / "gpus" / str(gpu_uuid)
+        if gpu_uuid not in known:
+            raise where.fail("the UUID of a GPU listed under gpus", gpu_uuid)
+        patch_map = _mapping(patch, where)
+        _check_keys(patch_map, _GPU_KEYS - {"uuid", "index"}, where)
+        gpu_patches[gpu_uuid] = patch_map
     proc_patches: dict[int, Mapping[str, Any] | None] = {}
     for pid, patch in _mapping(d.get("processes") or {}, at / "processes").items():
         where = at / "processes" / str(pid)
@@ -303,12 +575,44 @@ def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
         _process(p, at / "add_processes" / i, gpus)
         for i, p in enumerate(_list(d.get("add_processes"), at / "add_processes"))
     )
+    pod_patches: dict[str, Mapping[str, Any] | None] = {}
+    for pod_key, patch in _mapping(d.get("pods") or {}, at / "pods").items():
+        where = at / "pods" / str(pod_key)
+        pod_patches[str(pod_key)] = (
+            None if patch is None else _mapping(patch, where, "a mapping or null")
+        )
+    allocations = None
+    if "allocations" in d:
+        allocations = tuple(
+            _allocation(a, at / "allocations" / i)
+            for i, a in enumerate(_list(d.get("allocations"), at / "allocations"))
+        )
+    k8s_fault = d.get("kubernetes_fault")
+    if k8s_fault is not None and k8s_fault not in KUBERNETES_FAULTS:
+        raise (at / "kubernetes_fault").fail(f"one of {', '.join(KUBERNETES_FAULTS)}", k8s_fault)
+    pr_fault = d.get("podresources_fault")
+    if pr_fault is not None and pr_fault not in PODRESOURCES_FAULTS:
+        raise (at / "podresources_fault").fail(f"one of {', '.join(PODRESOURCES_FAULTS)}", pr_fault)
     return Phase(
         name=_str(d.get("name"), at / "name"),
         after_seconds=parse_duration(d.get("after", 0), at / "after"),
         gpus=frozen_map(gpu_patches),
         processes=frozen_map(proc_patches),
         add_processes=adds,
+        pods=frozen_map(pod_patches),
+        add_pods=tuple(
+            _mapping(p, at / "add_pods" / i)
+            for i, p in enumerate(_list(d.get("add_pods"), at / "add_pods"))
+        ),
+        allocations=allocations,
+        vllm=frozen_map(
+            {
+                str(k): _mapping(v, at / "vllm" / str(k))
+                for k, v in _mapping(d.get("vllm") or {}, at / "vllm").items()
+            }
+        ),
+        kubernetes_fault=k8s_fault,
+        podresources_fault=pr_fault,
     )
 
 
@@ -339,13 +643,59 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
         else:
             processes.append(proc)
     processes.extend(phase.add_processes)
-    return replace(state, gpus=tuple(gpus), processes=tuple(processes))
+    pods = state.pods
+    if pods is not None and (phase.pods or phase.add_pods):
+        patched = []
+        for pod in pods:
+            if pod.key in phase.pods:
+                patch = phase.pods[pod.key]
+                if patch is None:
+                    continue  # deleted
+                pod = _pod({**pod.raw, **patch}, at / "pods" / pod.key, state.node)  # noqa: PLW2901
+            patched.append(pod)
+        patched.extend(
+            _pod(p, at / "add_pods" / i, state.node) for i, p in enumerate(phase.add_pods)
+        )
+        pods = tuple(patched)
+    vllm = tuple(
+        _vllm({**v.raw, **phase.vllm[v.key]}, at / "vllm" / v.key, i) if v.key in phase.vllm else v
+        for i, v in enumerate(state.vllm)
+    )
+    return replace(
+        state,
+        gpus=tuple(gpus),
+        processes=tuple(processes),
+        pods=pods,
+        vllm=vllm,
+        allocations=phase.allocations if phase.allocations is not None else state.allocations,
+        kubernetes_fault=phase.kubernetes_fault or state.kubernetes_fault,
+        podresources_fault=phase.podresources_fault or state.podresources_fault,
+    )
 
 
 def parse_scenario(doc: object, source: str) -> Scenario:
     at = _Path(source)
     d = _mapping(doc, at, "a YAML mapping with keys node, gpus, processes, …")
-    _check_keys(d, {"node", "description", "nvml", "gpus", "processes", "phases"}, at)
+    _check_keys(
+        d,
+        {
+            "node",
+            "description",
+            "mode",
+            "nvml",
+            "gpus",
+            "processes",
+            "phases",
+            "kubernetes",
+            "podresources",
+            "vllm",
+        },
+        at,
+    )
+    node = _str(d.get("node", "sim-node"), at / "node")
+    mode = d.get("mode", "node")
+    if mode not in ("node", "cluster"):
+        raise (at / "mode").fail("node or cluster", mode)
     gpus = tuple(
         _gpu(g, at / "gpus" / i, i) for i, g in enumerate(_list(d.get("gpus"), at / "gpus"))
     )
@@ -361,9 +711,30 @@ def parse_scenario(doc: object, source: str) -> Scenario:
         for i, p in enumerate(_list(d.get("phases"), at / "phases"))
     )
     _unique([p.name for p in phases], at / "phases", "phase names")
+    pods, k8s_fault = (None, "ok")
+    if d.get("kubernetes") is not None:
+        pods, k8s_fault = _kubernetes(d.get("kubernetes"), at / "kubernetes", node)
+    allocations, pr_fault = (None, "ok")
+    if d.get("podresources") is not None:
+        allocations, pr_fault = _podresources(d.get("podresources"), at / "podresources")
+    vllm = tuple(
+        _vllm(v, at / "vllm" / i, i) for i, v in enumerate(_list(d.get("vllm"), at / "vllm"))
+    )
+    known_pods = {p.key for p in pods or ()}
+    for i, v in enumerate(vllm):
+        if v.pod is not None and v.pod not in known_pods:
+            raise (at / "vllm" / i / "pod").fail(
+                "namespace/name of a pod under kubernetes.pods", v.pod
+            )
     return Scenario(
+        mode=mode,
+        pods=pods,
+        kubernetes_fault=k8s_fault,
+        allocations=allocations,
+        podresources_fault=pr_fault,
+        vllm=vllm,
         source=source,
-        node=_str(d.get("node", "sim-node"), at / "node"),
+        node=node,
         description=str(d.get("description", "")),
         nvml=_nvml(d.get("nvml"), at / "nvml"),
         gpus=gpus,

@@ -11,6 +11,9 @@ from typing import Generic, TypeVar
 from gpuledger.model import SourceStatus
 
 T = TypeVar("T")
+
+# Reason of a source that is not configured here: reported down, never counted as an error.
+DISABLED = "disabled"
 log = logging.getLogger(__name__)
 
 
@@ -96,11 +99,22 @@ class Started(Generic[T]):
 
     def __init__(
         self,
-        runner: SourceRunner[T],
+        runner: SourceRunner[T] | None,
         future: concurrent.futures.Future[T] | None,
         started: float,
+        source: str = "",
     ) -> None:
         self._runner, self._future, self._started = runner, future, started
+        self._source = source
+
+    @classmethod
+    def disabled(cls, source: str) -> Started[T]:
+        """A source not configured on this exporter: reported down, never an error."""
+        return cls(None, None, time.monotonic(), source)
 
     def wait(self) -> tuple[T | None, SourceStatus]:
+        if self._runner is None:
+            return None, SourceStatus(
+                self._source, False, 0.0, DISABLED, "not configured on this exporter"
+            )
         return self._runner._finish(self._future, self._started)

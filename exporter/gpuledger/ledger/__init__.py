@@ -1,0 +1,30 @@
+"""The ledger (join): pure functions from source snapshots to one Ledger. No I/O."""
+
+from gpuledger.ledger.engines import Engine, EngineGpu
+from gpuledger.ledger.node import (
+    Allocation,
+    ContainerGpuUsage,
+    ContainerRef,
+    DeviceMapping,
+    Discrepancy,
+    Ledger,
+    PodState,
+    ProcessView,
+    build_ledger,
+    container_of,
+)
+
+__all__ = [
+    "Allocation",
+    "ContainerGpuUsage",
+    "ContainerRef",
+    "DeviceMapping",
+    "Discrepancy",
+    "Engine",
+    "EngineGpu",
+    "Ledger",
+    "PodState",
+    "ProcessView",
+    "build_ledger",
+    "container_of",
+]

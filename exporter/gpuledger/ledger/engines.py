@@ -1,0 +1,216 @@
+"""vLLM engines joined to their pods, processes and GPUs (identity rule 6). Pure.
+
+An engine is known from two sides: its `/metrics` (model, DP rank, queues, KV cache) and
+its process tree (API server -> `VLLM::EngineCore[_DP<r>]` -> `VLLM::Worker…`). The two
+meet on the Pod UID (empty for a process on a host without Kubernetes) and the DP rank.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuledger.model import ProcessInfo, frozen_map
+from gpuledger.sources.vllm import EngineMetrics, EngineScrape, VllmSnapshot, safe_url
+
+_TITLE = re.compile(r"^VLLM::(EngineCore|Worker)((?:_[A-Z]+\d+)*)$")
+_PART = re.compile(r"_([A-Z]+)(\d+)")
+
+# vLLM's defaults when the flag is absent from the API server's command line.
+_FLAG_DEFAULTS = {
+    "tensor_parallel_size": "1",
+    "pipeline_parallel_size": "1",
+    "data_parallel_size": "1",
+}
+
+
+@dataclass(frozen=True)
+class VllmProcess:
+    pid: int
+    role: str  # engine_core | worker
+    dp_rank: int | None
+    pp_rank: int | None
+    tp_rank: int | None
+
+
+def parse_vllm_title(title: str, pid: int = 0) -> VllmProcess | None:
+    """`VLLM::Worker_DP1_PP0_TP3` -> worker, dp 1, pp 0, tp 3; None for other titles."""
+    match = _TITLE.match(title)
+    if match is None:
+        return None
+    parts = {k: int(v) for k, v in _PART.findall(match.group(2))}
+    role = "engine_core" if match.group(1) == "EngineCore" else "worker"
+    return VllmProcess(pid, role, parts.get("DP"), parts.get("PP"), parts.get("TP"))
+
+
+@dataclass(frozen=True)
+class EngineGpu:
+    gpu_uuid: str
+    role: str
+    rank: str  # worker rank in the engine (pp * tp_size + tp); "0" for EngineCore
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One (model_name, DP rank) served by one scrape target."""
+
+    url: str  # without userinfo or query
+    origin: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    workload: str
+    model_name: str
+    engine: str
+    up: bool
+    metrics: EngineMetrics | None
+    config: Mapping[str, str] = field(default_factory=frozen_map)
+    gpus: tuple[EngineGpu, ...] = ()
+
+
+@dataclass(frozen=True)
+class _ProcessGroup:
+    api_servers: frozenset[int]
+    flags: Mapping[str, str]
+    # DP rank -> processes with their GPU memory holders
+    by_rank: Mapping[int, tuple[VllmProcess, ...]]
+
+
+def _api_server_of(pid: int, procs: Mapping[int, ProcessInfo]) -> int | None:
+    current = procs.get(pid)
+    while current is not None and current.title.startswith("VLLM::"):
+        if current.ppid is None or current.ppid not in procs:
+            return None
+        current = procs[current.ppid]
+    return current.pid if current is not None else None
+
+
+def _engine_rank(proc: VllmProcess, pid: int, procs: Mapping[int, ProcessInfo]) -> int:
+    """DP rank of a process: its own title, else its EngineCore ancestor's, else 0."""
+    if proc.dp_rank is not None:
+        return proc.dp_rank
+    current = procs.get(pid)
+    while current is not None and current.ppid in procs:
+        current = procs[current.ppid] if current.ppid is not None else None
+        parent = parse_vllm_title(current.title) if current else None
+        if parent is not None and parent.dp_rank is not None:
+            return parent.dp_rank
+    return 0
+
+
+def group_vllm_processes(procs: Mapping[int, ProcessInfo]) -> dict[str, _ProcessGroup]:
+    """vLLM process trees by Pod UID ("" = host processes)."""
+    members: dict[str, list[tuple[VllmProcess, int]]] = defaultdict(list)
+    servers: dict[str, set[int]] = defaultdict(set)
+    for pid, info in procs.items():
+        parsed = parse_vllm_title(info.title, pid)
+        if parsed is None:
+            continue
+        pod_uid = info.cgroup.pod_uid or ""
+        members[pod_uid].append((parsed, _engine_rank(parsed, pid, procs)))
+        server = _api_server_of(pid, procs)
+        if server is not None:
+            servers[pod_uid].add(server)
+    groups: dict[str, _ProcessGroup] = {}
+    for pod_uid, items in members.items():
+        by_rank: dict[int, list[VllmProcess]] = defaultdict(list)
+        for proc, rank in items:
+            by_rank[rank].append(proc)
+        api = frozenset(servers[pod_uid])
+        flags = procs[next(iter(api))].flags if len(api) == 1 else {}
+        groups[pod_uid] = _ProcessGroup(
+            api_servers=api,
+            flags=frozen_map({**_FLAG_DEFAULTS, **flags} if len(api) == 1 else {}),
+            by_rank=frozen_map(
+                {r: tuple(sorted(p, key=lambda x: x.pid)) for r, p in by_rank.items()}
+            ),
+        )
+    return groups
+
+
+def _worker_rank(proc: VllmProcess, tp_size: int) -> str:
+    if proc.role == "engine_core":
+        return "0"
+    return str((proc.pp_rank or 0) * tp_size + (proc.tp_rank or 0))
+
+
+def _engine_gpus(
+    group: _ProcessGroup | None, rank: int, gpu_by_pid: Mapping[int, Sequence[str]]
+) -> tuple[EngineGpu, ...]:
+    # Two API servers in one pod (or on one host) cannot be told apart by PID ancestry
+    # alone: better no join than a wrong one.
+    if group is None or len(group.api_servers) != 1:
+        return ()
+    tp_size = int(group.flags.get("tensor_parallel_size", "1") or 1)
+    found = {
+        EngineGpu(uuid, proc.role, _worker_rank(proc, tp_size))
+        for proc in group.by_rank.get(rank, ())
+        for uuid in gpu_by_pid.get(proc.pid, ())
+    }
+    return tuple(sorted(found, key=lambda g: (g.role, int(g.rank), g.gpu_uuid)))
+
+
+def _config(group: _ProcessGroup | None, metrics: EngineMetrics | None) -> Mapping[str, str]:
+    config: dict[str, str] = {}
+    if group is not None:
+        config.update(group.flags)
+    if metrics is not None:
+        config.update(metrics.cache_config)
+    return frozen_map(config)
+
+
+def build_engines(
+    snapshot: VllmSnapshot | None,
+    procs: Mapping[int, ProcessInfo],
+    gpu_by_pid: Mapping[int, Sequence[str]],
+    known: Mapping[str, Sequence[tuple[str, str]]],
+) -> tuple[Engine, ...]:
+    """Engines from this cycle's scrapes.
+
+    `known` maps a target URL to the (model_name, engine) pairs it served before, so a
+    target that stops answering keeps its series with up=0 instead of vanishing.
+    """
+    if snapshot is None:
+        return ()
+    groups = group_vllm_processes(procs)
+    engines: list[Engine] = []
+    for scrape in snapshot.scrapes:
+        if not scrape.up and scrape.error_reason == "not_vllm":
+            continue  # only a candidate (prometheus.io annotation), not an engine
+        engines.extend(_engines_of(scrape, groups, gpu_by_pid, known))
+    return tuple(engines)
+
+
+def _engines_of(
+    scrape: EngineScrape,
+    groups: Mapping[str, _ProcessGroup],
+    gpu_by_pid: Mapping[int, Sequence[str]],
+    known: Mapping[str, Sequence[tuple[str, str]]],
+) -> list[Engine]:
+    target = scrape.target
+    url = safe_url(target.url)
+    group = groups.get(target.pod_uid)
+
+    def engine(model: str, rank: str, metrics: EngineMetrics | None) -> Engine:
+        rank_int = int(rank) if rank.isdigit() else 0
+        return Engine(
+            url=url,
+            origin=target.origin,
+            namespace=target.namespace,
+            pod=target.pod,
+            pod_uid=target.pod_uid,
+            workload=target.workload,
+            model_name=model,
+            engine=rank,
+            up=scrape.up,
+            metrics=metrics,
+            config=_config(group, metrics),
+            gpus=_engine_gpus(group, rank_int, gpu_by_pid),
+        )
+
+    if scrape.up:
+        return [engine(m.model_name, m.engine, m) for m in scrape.engines]
+    previous = known.get(target.url) or [("", "")]
+    return [engine(model, rank, None) for model, rank in previous]

@@ -1,0 +1,422 @@
+"""The ledger: every identity rule, applied to one cycle's snapshots. No I/O here.
+
+Inputs are the sources' frozen snapshots (any of them may be missing: that source was
+down); the output is a frozen Ledger that the collector, /ledger.json and `explain` read.
+A fact that cannot be known because a source is down is left out, never guessed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuledger.identity.devices import HostGpu, container_device_map
+from gpuledger.ledger.engines import Engine, build_engines
+from gpuledger.model import Gpu, NvmlSnapshot, ProcessInfo, ProcSnapshot, SourceStatus
+from gpuledger.sources.kubernetes import PodInfo, PodsSnapshot
+from gpuledger.sources.podresources import PodResourcesSnapshot
+from gpuledger.sources.vllm import VllmSnapshot
+
+SHORT_ID = 12  # container ID length people know from `crictl ps` / `docker ps`
+_TERMINATED = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, order=True)
+class ContainerRef:
+    """A container, by the identities that survive restarts and renames."""
+
+    pod_uid: str
+    container_id: str
+    namespace: str = ""
+    pod: str = ""
+    # The container's name; the short container ID until the Kubernetes layer names it,
+    # so two GPU containers of one pod never collapse into one series.
+    container: str = ""
+    workload: str = ""
+
+
+@dataclass(frozen=True)
+class ContainerGpuUsage:
+    container: ContainerRef
+    gpu_uuid: str
+    memory_used_bytes: int
+    processes: int
+
+
+@dataclass(frozen=True)
+class DeviceMapping:
+    """Container ordinal `local_index` (CUDA device N inside it) is host GPU `gpu_uuid`."""
+
+    container: ContainerRef
+    local_index: int
+    gpu_uuid: str
+    source: str  # env | podresources
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The kubelet says this container holds this GPU (PodResources)."""
+
+    container: ContainerRef
+    gpu_uuid: str
+    resource: str
+    device_id: str
+
+
+@dataclass(frozen=True)
+class Discrepancy:
+    """A GPU's ledgers disagree: `kind` is allocated_unused or unallocated_use."""
+
+    kind: str
+    container: ContainerRef
+    gpu_uuid: str
+    active: bool
+
+
+@dataclass(frozen=True)
+class PodState:
+    """A GPU pod on this node and whether it is still starting."""
+
+    pod: PodInfo
+    starting: bool
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """One GPU process (or an ancestor of one) with everything the ledger knows about it."""
+
+    pid: int
+    ppid: int | None
+    title: str
+    container: ContainerRef | None
+    # (gpu_uuid, used bytes or None) as NVML reports them.
+    gpu_memory: tuple[tuple[str, int | None], ...]
+    # What the process calls cuda:0, cuda:1, … as host GPU UUIDs; None when unknown.
+    cuda_devices: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class Ledger:
+    node: str
+    mode: str
+    taken_at: float  # wall-clock seconds since the epoch
+    driver_version: str | None
+    gpus: tuple[Gpu, ...]
+    usage: tuple[ContainerGpuUsage, ...]
+    # gpu_uuid -> bytes held by processes in no pod; absent when procfs was down.
+    unattributed: Mapping[str, int]
+    device_maps: tuple[DeviceMapping, ...]
+    processes: tuple[ProcessView, ...]
+    sources: tuple[SourceStatus, ...]
+    allocations: tuple[Allocation, ...] = ()
+    discrepancies: tuple[Discrepancy, ...] = ()
+    pods: tuple[PodState, ...] = ()
+    engines: tuple[Engine, ...] = ()
+    # Pods not placed on any node (cluster mode).
+    pending: tuple[PodInfo, ...] = ()
+    # What could not be known this cycle and why, for explain and /ledger.json.
+    unknowns: tuple[str, ...] = field(default_factory=tuple)
+
+
+class _Pods:
+    """Pod lookups by UID and by namespace/name; empty when the informer is down."""
+
+    def __init__(self, snapshot: PodsSnapshot | None) -> None:
+        pods = snapshot.pods if snapshot else ()
+        self.known = snapshot is not None
+        self.by_uid = {p.uid: p for p in pods}
+        self.by_name = {(p.namespace, p.name): p for p in pods}
+
+    def ref(self, pod_uid: str, container_id: str) -> ContainerRef:
+        pod = self.by_uid.get(pod_uid)
+        if pod is None:
+            return ContainerRef(pod_uid, container_id, container=container_id[:SHORT_ID])
+        name = next((n for n, cid in pod.container_ids.items() if cid == container_id), None)
+        return ContainerRef(
+            pod_uid=pod_uid,
+            container_id=container_id,
+            namespace=pod.namespace,
+            pod=pod.name,
+            container=name or container_id[:SHORT_ID],
+            workload=pod.workload,
+        )
+
+    def allocated_ref(self, namespace: str, pod_name: str, container: str) -> ContainerRef | None:
+        pod = self.by_name.get((namespace, pod_name))
+        if pod is None:
+            if self.known:
+                return None  # the kubelet lists a pod the API no longer has: gone
+            return ContainerRef("", "", namespace, pod_name, container)
+        if pod.phase in _TERMINATED:
+            return None  # old kubelets keep listing terminated pods' devices
+        return ContainerRef(
+            pod.uid,
+            pod.container_ids.get(container, ""),
+            pod.namespace,
+            pod.name,
+            container,
+            pod.workload,
+        )
+
+
+def container_of(info: ProcessInfo, pods: _Pods | None = None) -> ContainerRef | None:
+    identity = info.cgroup
+    if identity.pod_uid is None:
+        return None
+    return (pods or _Pods(None)).ref(identity.pod_uid, identity.container_id or "")
+
+
+def host_gpus(gpus: Sequence[Gpu]) -> tuple[HostGpu, ...]:
+    return tuple(HostGpu(index=g.index, uuid=g.uuid, pci_bus_id=g.pci_bus_id) for g in gpus)
+
+
+def _container_root_env(
+    members: Sequence[ProcessInfo], procs: Mapping[int, ProcessInfo]
+) -> Mapping[str, str]:
+    """Environment of the process nearest the container's init that carries NVIDIA_VISIBLE_DEVICES.
+
+    The NVIDIA runtime reads it from the container's init environment; children inherit
+    it unless they rewrite it, so the outermost member is the best witness.
+    """
+
+    def depth(info: ProcessInfo) -> int:
+        steps, current = 0, info
+        own = info.cgroup
+        while current.ppid is not None and current.ppid in procs:
+            parent = procs[current.ppid]
+            if parent.cgroup != own:
+                break
+            current, steps = parent, steps + 1
+        return steps
+
+    witnesses = [m for m in members if "NVIDIA_VISIBLE_DEVICES" in m.environ]
+    if not witnesses:
+        return {}
+    return min(witnesses, key=lambda m: (depth(m), m.pid)).environ
+
+
+def _allocations(snapshot: PodResourcesSnapshot | None, pods: _Pods) -> tuple[Allocation, ...]:
+    if snapshot is None:
+        return ()
+    found: dict[tuple[ContainerRef, str], Allocation] = {}
+    for item in snapshot.allocations:
+        ref = pods.allocated_ref(item.namespace, item.pod, item.container)
+        if ref is not None:
+            # Time-slicing replicas of one GPU in one container count once.
+            found.setdefault(
+                (ref, item.gpu_uuid), Allocation(ref, item.gpu_uuid, item.resource, item.device_id)
+            )
+    return tuple(found[k] for k in sorted(found))
+
+
+def _device_maps(
+    members: Mapping[ContainerRef, list[ProcessInfo]],
+    allocations: Sequence[Allocation],
+    procs: Mapping[int, ProcessInfo],
+    host: Sequence[HostGpu],
+) -> dict[ContainerRef, tuple[tuple[HostGpu, ...], str]]:
+    """Each container's GPU list in CUDA order, and where it came from."""
+    allocated: dict[ContainerRef, list[str]] = defaultdict(list)
+    for a in allocations:
+        allocated[a.container].append(a.gpu_uuid)
+    maps: dict[ContainerRef, tuple[tuple[HostGpu, ...], str]] = {}
+    for ref, uuids in allocated.items():
+        env = _container_root_env(members.get(ref, []), procs)
+        mapped = container_device_map(None, None, env.get("CUDA_DEVICE_ORDER"), host, uuids)
+        maps[ref] = (mapped, "podresources")
+    for ref, infos in members.items():
+        if ref in maps:
+            continue
+        env = _container_root_env(infos, procs)
+        if "NVIDIA_VISIBLE_DEVICES" in env:
+            mapped = container_device_map(
+                env["NVIDIA_VISIBLE_DEVICES"], None, env.get("CUDA_DEVICE_ORDER"), host
+            )
+            maps[ref] = (mapped, "env")
+    return maps
+
+
+def _discrepancies(
+    allocations: Sequence[Allocation],
+    usage: Sequence[ContainerGpuUsage],
+    *,
+    allocations_known: bool,
+    usage_known: bool,
+) -> tuple[Discrepancy, ...]:
+    used = {(u.container, u.gpu_uuid) for u in usage}
+    held = {(a.container, a.gpu_uuid) for a in allocations}
+    found: list[Discrepancy] = []
+    if allocations_known and usage_known:
+        for a in allocations:
+            if a.container.pod_uid:  # only a pod the API knows can be matched to processes
+                found.append(
+                    Discrepancy(
+                        "allocated_unused",
+                        a.container,
+                        a.gpu_uuid,
+                        (a.container, a.gpu_uuid) not in used,
+                    )
+                )
+        for u in usage:
+            if u.container.namespace:  # named by the API: its allocations are comparable
+                found.append(
+                    Discrepancy(
+                        "unallocated_use",
+                        u.container,
+                        u.gpu_uuid,
+                        (u.container, u.gpu_uuid) not in held,
+                    )
+                )
+    return tuple(found)
+
+
+def _pod_states(pods: PodsSnapshot | None) -> tuple[PodState, ...]:
+    if pods is None:
+        return ()
+    states = [
+        PodState(p, starting=not p.ready)
+        for p in pods.pods
+        if p.gpu_requests > 0 and p.phase not in _TERMINATED and not p.deletion
+    ]
+    return tuple(sorted(states, key=lambda s: (s.pod.namespace, s.pod.name)))
+
+
+def build_ledger(
+    *,
+    node: str,
+    mode: str,
+    taken_at: float,
+    nvml: NvmlSnapshot | None,
+    procs: ProcSnapshot | None,
+    sources: Sequence[SourceStatus],
+    pods: PodsSnapshot | None = None,
+    podresources: PodResourcesSnapshot | None = None,
+    vllm: VllmSnapshot | None = None,
+    known_engines: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    pending: PodsSnapshot | None = None,
+) -> Ledger:
+    gpus = nvml.gpus if nvml else ()
+    host = host_gpus(gpus)
+    process_table: Mapping[int, ProcessInfo] = procs.processes if procs else {}
+    pod_index = _Pods(pods)
+
+    memory_by_pid: dict[int, list[tuple[str, int | None]]] = defaultdict(list)
+    for gpu in gpus:
+        for proc in gpu.processes:
+            memory_by_pid[proc.pid].append((gpu.uuid, proc.used_memory_bytes))
+
+    refs = {pid: container_of(info, pod_index) for pid, info in process_table.items()}
+    members: dict[ContainerRef, list[ProcessInfo]] = defaultdict(list)
+    for pid, ref in refs.items():
+        if ref is not None:
+            members[ref].append(process_table[pid])
+
+    allocations = _allocations(podresources, pod_index)
+    maps = _device_maps(members, allocations, process_table, host)
+    device_maps = tuple(
+        DeviceMapping(ref, i, gpu.uuid, source)
+        for ref, (mapped, source) in sorted(maps.items())
+        for i, gpu in enumerate(mapped)
+    )
+
+    usage_bytes: dict[tuple[ContainerRef, str], int] = defaultdict(int)
+    usage_count: dict[tuple[ContainerRef, str], int] = defaultdict(int)
+    unattributed: dict[str, int] = defaultdict(int)
+    views: list[ProcessView] = []
+    for pid in sorted(set(memory_by_pid) | set(process_table)):
+        found = process_table.get(pid)
+        ref = refs.get(pid)
+        held = tuple(memory_by_pid.get(pid, ()))
+        # A PID procfs could not read (exited meanwhile, or not in our PID namespace)
+        # is in no known pod, but not known to be in none either: count it nowhere.
+        if found is not None:
+            for uuid, used in held:
+                if ref is None:
+                    unattributed[uuid] += used or 0
+                else:
+                    usage_bytes[(ref, uuid)] += used or 0
+                    usage_count[(ref, uuid)] += 1
+        views.append(
+            ProcessView(
+                pid=pid,
+                ppid=found.ppid if found else None,
+                title=found.title if found else "",
+                container=ref,
+                gpu_memory=held,
+                cuda_devices=_cuda_devices(found, ref, maps, host),
+            )
+        )
+
+    if procs is not None:
+        for gpu in gpus:
+            unattributed.setdefault(gpu.uuid, 0)
+    usage = tuple(
+        ContainerGpuUsage(ref, uuid, usage_bytes[(ref, uuid)], usage_count[(ref, uuid)])
+        for ref, uuid in sorted(usage_bytes)
+    )
+    gpu_by_pid = {pid: [uuid for uuid, _ in held] for pid, held in memory_by_pid.items()}
+    return Ledger(
+        node=node,
+        mode=mode,
+        taken_at=taken_at,
+        driver_version=nvml.driver_version if nvml else None,
+        gpus=gpus,
+        usage=usage,
+        unattributed=dict(unattributed),
+        device_maps=device_maps,
+        processes=tuple(views),
+        sources=tuple(sources),
+        allocations=allocations,
+        discrepancies=_discrepancies(
+            allocations,
+            usage,
+            allocations_known=podresources is not None and pods is not None,
+            usage_known=nvml is not None and procs is not None,
+        ),
+        pods=_pod_states(pods),
+        engines=build_engines(vllm, process_table, gpu_by_pid, known_engines or {}),
+        pending=tuple(sorted(pending.pods, key=lambda p: (p.namespace, p.name)) if pending else ()),
+        unknowns=_unknowns(sources),
+    )
+
+
+_MISSING = {
+    "nvml": "no NVML: GPU list, memory and processes unknown",
+    "procfs": "no procfs: which pod each GPU process belongs to is unknown",
+    "kubernetes": "no Kubernetes API: pod names, workloads and readiness unknown",
+    "podresources": "no PodResources: allocation unknown",
+    "vllm": "no vLLM scrape: engine queues unknown",
+}
+
+
+def _unknowns(sources: Sequence[SourceStatus]) -> tuple[str, ...]:
+    return tuple(
+        f"{_MISSING.get(s.source, s.source + ' down')} ({s.error_reason})"
+        for s in sources
+        if not s.up
+    )
+
+
+def _cuda_devices(
+    info: ProcessInfo | None,
+    ref: ContainerRef | None,
+    maps: Mapping[ContainerRef, tuple[tuple[HostGpu, ...], str]],
+    host: Sequence[HostGpu],
+) -> tuple[str, ...] | None:
+    if info is None:
+        return None
+    if ref is None:
+        visible: Sequence[HostGpu] = host  # a host process sees every GPU
+    elif ref in maps:
+        visible = maps[ref][0]
+    else:
+        return None  # the container's device list is unknown
+    mapped = container_device_map(
+        None,
+        info.environ.get("CUDA_VISIBLE_DEVICES"),
+        info.environ.get("CUDA_DEVICE_ORDER"),
+        visible,
+        allocated_uuids=[g.uuid for g in visible],
+    )
+    return tuple(g.uuid for g in mapped)

@@ -1,0 +1,789 @@
+"""A Kubernetes API server for pods, on loopback, that the real `kubernetes` client talks to.
+
+Only what an informer needs, with the real wire behaviour:
+
+* `GET /api/v1/pods` (and `/api/v1/namespaces/<ns>/pods`): a `PodList` with
+  `metadata.resourceVersion`; `fieldSelector` (`spec.nodeName`, `status.phase`,
+  `metadata.name`, `metadata.namespace`; `=`, `==`, `!=`; others are 400 as on a real
+  server); `limit`/`continue` paging over a consistent snapshot, `410 Expired` for a
+  continue token older than `expire_history()`. Lists always answer the current state
+  (any `resourceVersion` asked for is at most that old); `labelSelector` is ignored.
+* `?watch=true`: a chunked stream of JSON lines `{"type": ..., "object": ...}` from
+  `resourceVersion` (unset or "0": synthetic ADDED for current objects first),
+  honouring `timeoutSeconds` and `allowWatchBookmarks` (a BOOKMARK every
+  `bookmark_interval` seconds). An object that stops matching the field selector arrives
+  as DELETED, one that starts matching as ADDED, as with the real watch cache. A watch
+  from a resourceVersion older than the kept history gets `ERROR` with a `410` Status
+  inside a 200 stream, as the real server sends it.
+* faults (`set_fault`): `refuse` (listening socket closed, connections cut), `http_500`,
+  `forbidden` (403), `unauthorized` (401), `hang` (requests and open watches stall until
+  the fault is cleared); `set_delay` slows every answer.
+
+Resource versions are one global counter, as etcd's are: `expire_history()` moves it on
+(writes to other kinds would) and forgets every older version.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import contextlib
+import copy
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit
+
+import kubernetes.client
+import yaml
+
+__all__ = [
+    "FakeApiServer",
+    "Fault",
+    "make_pod",
+    "pod_scheduled_false",
+]
+
+Fault = Literal["ok", "refuse", "http_500", "forbidden", "unauthorized", "hang"]
+_FAULTS: tuple[str, ...] = ("ok", "refuse", "http_500", "forbidden", "unauthorized", "hang")
+_FAULT_STATUS = {
+    "http_500": (500, "InternalError", "Internal error occurred: etcdserver: request timed out"),
+    "forbidden": (
+        403,
+        "Forbidden",
+        'pods is forbidden: User "system:serviceaccount:gpuledger:gpuledger" cannot list '
+        'resource "pods" in API group "" at the cluster scope',
+    ),
+    "unauthorized": (401, "Unauthorized", "Unauthorized"),
+}
+_FIELDS = {
+    "spec.nodeName": ("spec", "nodeName"),
+    "status.phase": ("status", "phase"),
+    "metadata.name": ("metadata", "name"),
+    "metadata.namespace": ("metadata", "namespace"),
+}
+_OWNER_API = {
+    "ReplicaSet": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "DaemonSet": "apps/v1",
+    "Job": "batch/v1",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
+    "RayCluster": "ray.io/v1",
+    "Node": "v1",
+}
+
+
+def _now_rfc3339(at: float | None = None) -> str:
+    moment = datetime.fromtimestamp(time.time() if at is None else at, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def pod_scheduled_false(reason: str, message: str, since: float | None = None) -> dict[str, Any]:
+    """A `PodScheduled=False` condition as the scheduler writes it."""
+    return {
+        "type": "PodScheduled",
+        "status": "False",
+        "lastProbeTime": None,
+        "lastTransitionTime": _now_rfc3339(since),
+        "reason": reason,
+        "message": message,
+    }
+
+
+def make_pod(
+    namespace: str,
+    name: str,
+    *,
+    uid: str | None = None,
+    node: str | None = None,
+    phase: str = "Running",
+    labels: Mapping[str, str] | None = None,
+    owner: tuple[str, str] | None = None,
+    containers: Sequence[tuple[str, int, str | None]] = (("main", 0, None),),
+    conditions: Sequence[Mapping[str, Any]] | None = None,
+    init_containers: Sequence[tuple[str, int, str | None]] = (),
+    pod_ip: str | None = None,
+    scheduling_gates: Sequence[str] = (),
+    deleting: bool = False,
+    gpu_resource: str = "nvidia.com/gpu",
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Pod object as the API server returns it.
+
+    `owner` is `(kind, name)`; `containers` and `init_containers` are
+    `(name, gpu_limit, container_id)` with the id as the kubelet reports it
+    (`containerd://<64 hex>`) or None while not started. Without `conditions`, a pod with
+    a node gets the Running set (PodScheduled, Initialized, ContainersReady, Ready) and
+    one without gets none (the scheduler has not looked yet): pass
+    `pod_scheduled_false(...)` for an unplaced pod.
+    """
+    uid = uid or str(uuid.uuid4())
+    created = _now_rfc3339()
+
+    def spec_of(entries: Sequence[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
+        out = []
+        for cname, gpus, _ in entries:
+            resources: dict[str, Any] = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+            if gpus:
+                resources["limits"] = {gpu_resource: str(gpus)}
+                resources["requests"][gpu_resource] = str(gpus)
+            out.append(
+                {
+                    "name": cname,
+                    "image": "registry.example/serving:1.0",
+                    "resources": resources,
+                    "terminationMessagePath": "/dev/termination-log",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            )
+        return out
+
+    def statuses_of(entries: Sequence[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
+        out = []
+        for cname, _, cid in entries:
+            status: dict[str, Any] = {
+                "name": cname,
+                "image": "registry.example/serving:1.0",
+                "imageID": "",
+                "ready": cid is not None,
+                "restartCount": 0,
+                "started": cid is not None,
+                "state": {"running": {"startedAt": created}}
+                if cid is not None
+                else {"waiting": {"reason": "ContainerCreating"}},
+            }
+            if cid is not None:
+                status["containerID"] = cid
+            out.append(status)
+        return out
+
+    if conditions is None:
+        conditions = (
+            [
+                {
+                    "type": kind,
+                    "status": "True",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": created,
+                }
+                for kind in (
+                    "PodReadyToStartContainers",
+                    "Initialized",
+                    "Ready",
+                    "ContainersReady",
+                    "PodScheduled",
+                )
+            ]
+            if node is not None and phase == "Running"
+            else []
+        )
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid,
+        "resourceVersion": "0",
+        "creationTimestamp": created,
+        "labels": dict(labels or {}),
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    if owner is not None:
+        kind, owner_name = owner
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": _OWNER_API.get(kind, "example.com/v1"),
+                "kind": kind,
+                "name": owner_name,
+                "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{namespace}/{kind}/{owner_name}")),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    if deleting:
+        metadata["deletionTimestamp"] = created
+        metadata["deletionGracePeriodSeconds"] = 30
+    spec: dict[str, Any] = {
+        "containers": spec_of(containers),
+        "restartPolicy": "Always",
+        "schedulerName": "default-scheduler",
+        "serviceAccountName": "default",
+        "tolerations": [
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}
+        ],
+    }
+    if init_containers:
+        spec["initContainers"] = spec_of(init_containers)
+    if node is not None:
+        spec["nodeName"] = node
+    if scheduling_gates:
+        spec["schedulingGates"] = [{"name": gate} for gate in scheduling_gates]
+    status: dict[str, Any] = {"phase": phase, "conditions": [dict(c) for c in conditions]}
+    if node is not None:
+        status["hostIP"] = "10.0.0.10"
+        status["startTime"] = created
+        status["qosClass"] = "Burstable"
+        status["containerStatuses"] = statuses_of(containers)
+        if init_containers:
+            status["initContainerStatuses"] = statuses_of(init_containers)
+        if pod_ip is not None:
+            status["podIP"] = pod_ip
+            status["podIPs"] = [{"ip": pod_ip}]
+    return {"kind": "Pod", "apiVersion": "v1", "metadata": metadata, "spec": spec, "status": status}
+
+
+# --- field selectors ---
+
+_Requirement = tuple[tuple[str, str], bool, str]  # (path, must_equal, value)
+
+
+class _BadSelector(ValueError):
+    pass
+
+
+def _parse_selector(text: str) -> list[_Requirement]:
+    requirements: list[_Requirement] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "!=" in part:
+            key, value = part.split("!=", 1)
+            equal = False
+        elif "==" in part:
+            key, value = part.split("==", 1)
+            equal = True
+        elif "=" in part:
+            key, value = part.split("=", 1)
+            equal = True
+        else:
+            raise _BadSelector(f"invalid selector: '{part}'; can't understand '{part}'")
+        path = _FIELDS.get(key.strip())
+        if path is None:
+            raise _BadSelector(f"field label not supported: {key.strip()}")
+        requirements.append((path, equal, value.strip()))
+    return requirements
+
+
+def _matches(pod: Mapping[str, Any] | None, requirements: Sequence[_Requirement]) -> bool:
+    if pod is None:
+        return False
+    for (section, field), equal, value in requirements:
+        actual = str((pod.get(section) or {}).get(field) or "")
+        if (actual == value) != equal:
+            return False
+    return True
+
+
+# --- server state ---
+
+
+@dataclass(frozen=True)
+class _Change:
+    rv: int
+    kind: str  # ADDED | MODIFIED | DELETED
+    old: dict[str, Any] | None
+    new: dict[str, Any] | None  # for DELETED: the final object, at the deletion's rv
+
+
+class _Closed(Exception):
+    """The server stopped or a fault cut the connection."""
+
+
+class FakeApiServer:
+    """Pods, their history and faults behind an HTTP server on 127.0.0.1.
+
+    Use as a context manager, or `start()` / `close()`.
+    """
+
+    def __init__(
+        self,
+        *,
+        bookmark_interval: float = 1.0,
+        default_watch_timeout: float = 60.0,
+        history_limit: int = 10_000,
+    ) -> None:
+        self.bookmark_interval = bookmark_interval
+        self.default_watch_timeout = default_watch_timeout
+        self.history_limit = history_limit
+        self._cond = threading.Condition()
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self._rv = 1
+        self._oldest_rv = 1  # a watch from an rv below this gets 410
+        self._history: list[_Change] = []
+        self._snapshots: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+        self._fault: str = "ok"
+        self._delay = 0.0
+        self._closing = False
+        self._generation = 0  # bumped by expire_history: open watches end with 410
+        self._port = 0
+        self._httpd: ThreadingHTTPServer | None = None
+        self._serve_thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+        self.requests: dict[str, int] = {"list": 0, "watch": 0}
+
+    # -- lifecycle --
+
+    def start(self) -> FakeApiServer:
+        self._listen()
+        return self
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._unlisten()
+        self._cut_connections()
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    def _listen(self) -> None:
+        server = _Server(("127.0.0.1", self._port), _handler_class(self))
+        self._port = server.server_address[1]
+        self._httpd = server
+        self._serve_thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
+            name="fake-apiserver",
+        )
+        self._serve_thread.start()
+
+    def _unlisten(self) -> None:
+        server, self._httpd = self._httpd, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def _cut_connections(self) -> None:
+        with self._cond:
+            connections = list(self._connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    # -- client configuration --
+
+    def kubeconfig(self, path: str | Path) -> Path:
+        """Write a kubeconfig (no credentials) pointing at this server."""
+        target = Path(path)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "current-context": "fake",
+        }
+        target.write_text(yaml.safe_dump(config))
+        return target
+
+    def api_client(self) -> Any:
+        """A `kubernetes.client.ApiClient` for this server (no retries inside urllib3)."""
+        configuration = kubernetes.client.Configuration(host=self.url)
+        configuration.retries = 0
+        return kubernetes.client.ApiClient(configuration)
+
+    # -- state --
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def pods(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return [copy.deepcopy(p) for p in self._pods.values()]
+
+    def _record(self, kind: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> str:
+        self._rv += 1
+        if new is not None:
+            new["metadata"]["resourceVersion"] = str(self._rv)
+        self._history.append(_Change(self._rv, kind, old, new))
+        if len(self._history) > self.history_limit:
+            dropped = self._history[: len(self._history) - self.history_limit]
+            del self._history[: len(dropped)]
+            self._oldest_rv = dropped[-1].rv
+        self._cond.notify_all()
+        return str(self._rv)
+
+    def add_pod(self, pod: Mapping[str, Any]) -> str:
+        """Create a pod (ADDED); returns its resourceVersion."""
+        new = copy.deepcopy(dict(pod))
+        key = (new["metadata"]["namespace"], new["metadata"]["name"])
+        with self._cond:
+            if key in self._pods:
+                raise ValueError(f"pod {key[0]}/{key[1]} already exists")
+            self._pods[key] = new
+            return self._record("ADDED", None, new)
+
+    def update_pod(self, pod: Mapping[str, Any]) -> str:
+        """Replace a pod by namespace/name (MODIFIED); returns its resourceVersion."""
+        new = copy.deepcopy(dict(pod))
+        key = (new["metadata"]["namespace"], new["metadata"]["name"])
+        with self._cond:
+            old = self._pods.get(key)
+            if old is None:
+                raise KeyError(f"pod {key[0]}/{key[1]} not found")
+            self._pods[key] = new
+            return self._record("MODIFIED", old, new)
+
+    def delete_pod(self, namespace: str, name: str) -> str:
+        """Remove a pod (DELETED); returns the deletion's resourceVersion."""
+        with self._cond:
+            old = self._pods.pop((namespace, name))
+            final = copy.deepcopy(old)
+            return self._record("DELETED", old, final)
+
+    def expire_history(self) -> None:
+        """Forget every resourceVersion up to now: open watches get ERROR 410 and end,
+        watches from an older version get 410, continue tokens expire."""
+        with self._cond:
+            self._rv += 1  # other kinds' writes move the global counter too
+            self._oldest_rv = self._rv
+            self._history.clear()
+            self._snapshots.clear()
+            self._generation += 1
+            self._cond.notify_all()
+
+    def set_fault(self, fault: Fault) -> None:
+        """Switch how the server misbehaves; "ok" restores normal answers (and, after
+        "refuse", listens again on the same port)."""
+        if fault not in _FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; one of {_FAULTS}")
+        with self._cond:
+            previous, self._fault = self._fault, fault
+            self._cond.notify_all()
+        if fault == "refuse" and previous != "refuse":
+            self._unlisten()
+            self._cut_connections()
+        elif previous == "refuse" and fault != "refuse":
+            self._listen()  # same port: the client's configuration still points here
+        if fault in ("http_500", "forbidden", "unauthorized"):
+            self._cut_connections()  # open watches break, as when a server restarts
+
+    def set_delay(self, seconds: float) -> None:
+        """Delay every answer (a slow, overloaded API server)."""
+        with self._cond:
+            self._delay = max(0.0, seconds)
+
+    # -- request handling (called from handler threads) --
+
+    def _wait_while_hung(self) -> None:
+        with self._cond:
+            while self._fault == "hang" and not self._closing:
+                self._cond.wait(0.5)
+            if self._closing:
+                raise _Closed
+
+    def _handle_get(self, handler: _Handler) -> None:
+        parts = urlsplit(handler.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        self._wait_while_hung()
+        if self._delay:
+            time.sleep(self._delay)
+        with self._cond:
+            fault = self._fault
+        if fault in _FAULT_STATUS:
+            code, reason, message = _FAULT_STATUS[fault]
+            handler.send_json(code, _status(code, reason, message))
+            return
+        path = parts.path.rstrip("/")
+        namespace: str | None = None
+        if path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
+            namespace = path[len("/api/v1/namespaces/") : -len("/pods")]
+        elif path == "/version":
+            handler.send_json(200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake"})
+            return
+        elif path != "/api/v1/pods":
+            handler.send_json(
+                404, _status(404, "NotFound", "the server could not find the requested resource")
+            )
+            return
+        try:
+            requirements = _parse_selector(query.get("fieldSelector", ""))
+        except _BadSelector as exc:
+            handler.send_json(400, _status(400, "BadRequest", str(exc)))
+            return
+        if namespace is not None:
+            requirements.append((("metadata", "namespace"), True, namespace))
+        if query.get("watch") in ("true", "1"):
+            self._serve_watch(handler, query, requirements)
+        else:
+            self._serve_list(handler, query, requirements)
+
+    def _serve_list(
+        self, handler: _Handler, query: Mapping[str, str], requirements: Sequence[_Requirement]
+    ) -> None:
+        code, body = self._list_page(query, requirements)
+        handler.send_json(code, body)
+
+    def _list_page(
+        self, query: Mapping[str, str], requirements: Sequence[_Requirement]
+    ) -> tuple[int, dict[str, Any]]:
+        with self._cond:
+            self.requests["list"] += 1
+            token = query.get("continue")
+            if token and query.get("resourceVersion"):
+                return 400, _status(
+                    400,
+                    "BadRequest",
+                    "specifying resource version is not allowed when using continue",
+                )
+            if query.get("resourceVersionMatch") and not query.get("resourceVersion"):
+                return 400, _status(
+                    400,
+                    "BadRequest",
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                )
+            if token:
+                try:
+                    decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+                    snapshot_id, offset = str(decoded["id"]), int(decoded["offset"])
+                except (ValueError, KeyError, TypeError):
+                    return 400, _status(400, "BadRequest", "continue key is not valid")
+                if snapshot_id not in self._snapshots:
+                    return 410, _status(
+                        410,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent "
+                        "list result. You can start a new list without the continue parameter.",
+                    )
+                rv, items = self._snapshots[snapshot_id]
+            else:
+                rv = self._rv
+                items = [
+                    copy.deepcopy(p)
+                    for _, p in sorted(self._pods.items())
+                    if _matches(p, requirements)
+                ]
+                snapshot_id, offset = uuid.uuid4().hex, 0
+            try:
+                limit = int(query.get("limit") or 0)
+            except ValueError:
+                return 400, _status(400, "BadRequest", "invalid limit")
+            page = items[offset : offset + limit] if limit > 0 else items[offset:]
+            metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+            next_offset = offset + len(page)
+            if next_offset < len(items):
+                self._snapshots[snapshot_id] = (rv, items)
+                if len(self._snapshots) > 64:  # abandoned paged lists: forget the oldest
+                    del self._snapshots[next(iter(self._snapshots))]
+                metadata["continue"] = base64.urlsafe_b64encode(
+                    json.dumps({"id": snapshot_id, "offset": next_offset}).encode()
+                ).decode()
+                metadata["remainingItemCount"] = len(items) - next_offset
+            else:
+                self._snapshots.pop(snapshot_id, None)
+        return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": page}
+
+    def _serve_watch(
+        self, handler: _Handler, query: Mapping[str, str], requirements: Sequence[_Requirement]
+    ) -> None:
+        try:
+            timeout = float(query.get("timeoutSeconds") or self.default_watch_timeout)
+        except ValueError:
+            timeout = self.default_watch_timeout
+        deadline = time.monotonic() + timeout
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        requested = query.get("resourceVersion", "")
+        initial: list[dict[str, Any]] = []
+        with self._cond:
+            self.requests["watch"] += 1
+            generation = self._generation
+            oldest = self._oldest_rv
+            if requested in ("", "0"):
+                cursor = self._rv
+                initial = [
+                    {"type": "ADDED", "object": copy.deepcopy(p)}
+                    for _, p in sorted(self._pods.items())
+                    if _matches(p, requirements)
+                ]
+            elif not requested.isdigit():
+                cursor = -1
+            else:
+                cursor = int(requested)
+        if cursor < 0:
+            handler.send_json(400, _status(400, "BadRequest", "invalid resourceVersion"))
+            return
+        handler.start_stream()
+        if requested not in ("", "0") and cursor < oldest:
+            handler.send_chunk({"type": "ERROR", "object": _gone(cursor, oldest)})
+            handler.end_stream()
+            return
+        for event in initial:
+            handler.send_chunk(event)
+        next_bookmark = time.monotonic() + self.bookmark_interval
+        while True:
+            action, events, cursor = self._next_watch_step(
+                requirements, cursor, generation, deadline, next_bookmark if bookmarks else None
+            )
+            if action == "end":
+                handler.end_stream()
+                return
+            if action == "gone":  # history expired under an open watch
+                handler.send_chunk({"type": "ERROR", "object": _gone(cursor, cursor + 1)})
+                handler.end_stream()
+                return
+            for event in events:
+                handler.send_chunk(event)
+            if action == "bookmark":
+                handler.send_chunk(
+                    {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": "Pod",
+                            "apiVersion": "v1",
+                            "metadata": {"resourceVersion": str(cursor)},
+                        },
+                    }
+                )
+                next_bookmark = time.monotonic() + self.bookmark_interval
+
+    def _next_watch_step(
+        self,
+        requirements: Sequence[_Requirement],
+        cursor: int,
+        generation: int,
+        deadline: float,
+        next_bookmark: float | None,
+    ) -> tuple[str, list[dict[str, Any]], int]:
+        """Wait for what an open watch sends next: (action, events, new cursor)."""
+        with self._cond:
+            while True:
+                if self._closing or self._fault in ("refuse", *_FAULT_STATUS):
+                    raise _Closed
+                if self._generation != generation:
+                    return "gone", [], cursor
+                if self._fault == "hang":  # send nothing, not even the end of the stream
+                    self._cond.wait(0.1)
+                    continue
+                now = time.monotonic()
+                if now >= deadline:
+                    return "end", [], cursor
+                start = bisect.bisect_right(self._history, cursor, key=_rv_of)
+                pending = self._history[start:]
+                if pending:
+                    events = [e for e in (_as_event(c, requirements) for c in pending) if e]
+                    return "events", events, pending[-1].rv
+                if next_bookmark is not None and now >= next_bookmark:
+                    # Nothing pending: every version up to now has been sent or filtered.
+                    return "bookmark", [], self._rv
+                wake = deadline if next_bookmark is None else min(deadline, next_bookmark)
+                self._cond.wait(max(0.01, wake - now))
+
+
+def _rv_of(change: _Change) -> int:
+    return change.rv
+
+
+def _gone(requested: int, oldest: int) -> dict[str, Any]:
+    return _status(410, "Expired", f"too old resource version: {requested} ({oldest})")
+
+
+def _as_event(change: _Change, requirements: Sequence[_Requirement]) -> dict[str, Any] | None:
+    """The event a watcher with this selector sees for a change, if any."""
+    was = _matches(change.old, requirements)
+    now = _matches(change.new, requirements) if change.kind != "DELETED" else False
+    if change.kind == "DELETED":
+        kind = "DELETED" if was else None
+    elif was and now:
+        kind = "MODIFIED"
+    elif now:
+        kind = "ADDED"
+    elif was:
+        kind = "DELETED"  # left the selector
+    else:
+        kind = None
+    if kind is None:
+        return None
+    return {"type": kind, "object": copy.deepcopy(change.new)}
+
+
+class _Server(ThreadingHTTPServer):
+    # Handler threads may be parked in a hang or a watch: never wait for them on close.
+    daemon_threads = True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    owner: FakeApiServer  # set by _handler_class
+
+    def setup(self) -> None:
+        super().setup()
+        with self.owner._cond:
+            self.owner._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.owner._cond:
+            self.owner._connections.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def do_GET(self) -> None:
+        try:
+            self.owner._handle_get(self)
+        except (_Closed, OSError):
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # tests stay quiet
+
+    def send_json(self, code: int, body: Mapping[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+    def send_chunk(self, event: Mapping[str, Any]) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def _handler_class(owner: FakeApiServer) -> type[_Handler]:
+    return type("FakeApiHandler", (_Handler,), {"owner": owner})
