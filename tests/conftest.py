@@ -56,6 +56,34 @@ class Run:
         body, _ = self.exporter.render(None)
         return samples(body.decode())
 
+    def settle(self, phase: str | None = None, timeout: float = 15.0) -> list[Sample]:
+        """Scrape until every configured source is up (the informer syncs in the background)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        current = self.scrape(phase)
+        while True:
+            down = [
+                s for s in pick(current, "gpuledger_source_up")
+                if s[2] == 0 and s[1]["source"] in self.expected_up
+            ]
+            if not down or time.monotonic() > deadline:
+                return current
+            time.sleep(0.1)
+            current = self.scrape()
+
+    @property
+    def expected_up(self) -> set[str]:
+        config = self.pipeline.config
+        wanted = {"kubernetes"} if config.kubernetes else set()
+        if config.mode == "node":
+            wanted |= {"nvml", "procfs"}
+            if config.podresources_socket and self.scenario.podresources_fault == "ok":
+                wanted.add("podresources")
+            if self.scenario.vllm:
+                wanted.add("vllm")
+        return wanted
+
     def close(self) -> None:
         self.pipeline.close()
         self.node.close()

@@ -202,7 +202,9 @@ def run_exporter(
     on_tick: PhaseClock | None = None,
 ) -> int:
     pipeline = Pipeline(config)
-    exporter = Exporter(pipeline.cycle, args.interval)
+    exporter = Exporter(
+        pipeline.cycle, args.interval, lambda: pipeline.warm_up(config.source_deadline_seconds)
+    )
     try:
         httpd = serve(exporter, args.listen, config.node, config.mode)
     except OSError as exc:
@@ -236,6 +238,7 @@ def run_simulation(scenario: Scenario, args: argparse.Namespace, banner: str | N
             node.apply(scenario.at_phase(getattr(args, "phase", None)))
             pipeline = Pipeline(node.pipeline_config(args.source_deadline))
             exporter = Exporter(pipeline.cycle, args.interval)
+            pipeline.warm_up(args.source_deadline)
             exporter.run_once()
             body, _ = exporter.render(None)
             pipeline.close()

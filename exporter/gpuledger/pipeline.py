@@ -143,6 +143,14 @@ class Pipeline:
     def _start(self, name: str, fetch: Callable[[], T] | None) -> Started[T]:
         return Started.disabled(name) if fetch is None else self._runners[name].start(fetch)
 
+    def warm_up(self, timeout_seconds: float) -> None:
+        """Give the pod informer up to `timeout_seconds` to list once, so the first
+        snapshot already carries pod names (later ones would anyway)."""
+        if self._informer is not None:
+            self._informer.start()
+            if not self._informer.wait_synced(timeout_seconds):
+                log.info("pod informer not synced after %gs; continuing", timeout_seconds)
+
     def cycle(self) -> Published:
         """Take one coherent snapshot of every source and join it."""
         started = time.time()

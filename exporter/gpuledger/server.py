@@ -28,8 +28,14 @@ MAX_CONCURRENT_REQUESTS = 16
 class Exporter:
     """Owns the latest published state and the loop that refreshes it."""
 
-    def __init__(self, cycle: Callable[[], Published], interval_seconds: float) -> None:
+    def __init__(
+        self,
+        cycle: Callable[[], Published],
+        interval_seconds: float,
+        warm_up: Callable[[], None] | None = None,
+    ) -> None:
         self._cycle = cycle
+        self._warm_up = warm_up
         self.interval_seconds = interval_seconds
         self._latest: Published | None = None
         self._lock = threading.Lock()
@@ -57,6 +63,11 @@ class Exporter:
         self._thread.start()
 
     def _loop(self) -> None:
+        if self._warm_up is not None:
+            try:
+                self._warm_up()
+            except Exception:
+                log.exception("warm-up failed")
         while not self._stop.is_set():
             started = time.monotonic()
             try:
