@@ -139,6 +139,12 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         "(env GPULEDGER_GPU_RESOURCES, comma-separated; default nvidia.com/gpu,nvidia.com/mig-*)",
     )
     p.add_argument(
+        "--pending-all-pods", action="store_true",
+        default=_env("PENDING_ALL_PODS", "false") == "true",
+        help="cluster mode: report unplaced pods that request no GPU too "
+        "(env GPULEDGER_PENDING_ALL_PODS=true)",
+    )
+    p.add_argument(
         "--vllm-target",
         action="append",
         default=None,
@@ -288,6 +294,7 @@ def serve_config(args: argparse.Namespace) -> PipelineConfig:
         kubeconfig=args.kubeconfig,
         vllm_targets=_list(args.vllm_target, "VLLM_TARGETS"),
         vllm_discovery=args.vllm_discovery == "on",
+        pending_all_pods=args.pending_all_pods,
     )
 
 

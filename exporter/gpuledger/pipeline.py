@@ -46,6 +46,8 @@ class PipelineConfig:
     # None: not configured here (e.g. a box without Kubernetes).
     podresources_socket: str | None = None
     gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*")
+    # Cluster mode: report unplaced pods that request no GPU too.
+    pending_all_pods: bool = False
     kubernetes: bool = False
     kubeconfig: str | None = None
     vllm_targets: tuple[str, ...] = ()
@@ -129,7 +131,7 @@ class Pipeline:
                 node_name=config.node if config.mode == "node" else None,
                 kubeconfig=config.kubeconfig,
                 gpu_resources=config.gpu_resources,
-                pending_gpu_only=config.mode == "cluster",
+                pending_gpu_only=config.mode == "cluster" and not config.pending_all_pods,
             )
             self._closers.append(self._informer.stop)
         for name in (nvml.SOURCE, procfs.SOURCE, podres.SOURCE, KUBERNETES, VLLM):
@@ -160,6 +162,11 @@ class Pipeline:
         nvml_snap, nvml_status = nvml_started.wait()
         podres_snap, podres_status = podres_started.wait()
         pods_snap, pods_status = pods_started.wait()
+        if pods_snap is None and self._informer is not None and self._informer.stats().lists:
+            # The API server went away after a first list: pod identities in the cache are
+            # still the best knowledge. The source stays down and its last success
+            # timestamp ages, so the staleness is visible.
+            pods_snap = self._informer.cached()
 
         pids = [p.pid for g in nvml_snap.gpus for p in g.processes] if nvml_snap else []
         proc_fetch = self._procfs.fetch if self._procfs else None

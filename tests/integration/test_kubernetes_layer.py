@@ -32,33 +32,71 @@ def scenario(**overrides: Any) -> dict[str, Any]:
         ],
         "kubernetes": {
             "pods": [
-                {"namespace": "llm", "name": "llama-7d9f8c6b5-x2x4q", "uid": UID_A,
-                 "owner": {"kind": "ReplicaSet", "name": "llama-7d9f8c6b5"},
-                 "labels": {"pod-template-hash": "7d9f8c6b5"},
-                 "containers": [{"name": "vllm", "id": CID["a"], "gpus": 2}]},
-                {"namespace": "ts", "name": "embed-0", "uid": UID_B,
-                 "owner": {"kind": "StatefulSet", "name": "embed"},
-                 "containers": [{"name": "server", "id": CID["b"], "gpus": 1}]},
-                {"namespace": "ts", "name": "rerank-0", "uid": UID_C,
-                 "owner": {"kind": "StatefulSet", "name": "rerank"},
-                 "containers": [{"name": "server", "id": CID["c"], "gpus": 1}]},
+                {
+                    "namespace": "llm",
+                    "name": "llama-7d9f8c6b5-x2x4q",
+                    "uid": UID_A,
+                    "owner": {"kind": "ReplicaSet", "name": "llama-7d9f8c6b5"},
+                    "labels": {"pod-template-hash": "7d9f8c6b5"},
+                    "containers": [{"name": "vllm", "id": CID["a"], "gpus": 2}],
+                },
+                {
+                    "namespace": "ts",
+                    "name": "embed-0",
+                    "uid": UID_B,
+                    "owner": {"kind": "StatefulSet", "name": "embed"},
+                    "containers": [{"name": "server", "id": CID["b"], "gpus": 1}],
+                },
+                {
+                    "namespace": "ts",
+                    "name": "rerank-0",
+                    "uid": UID_C,
+                    "owner": {"kind": "StatefulSet", "name": "rerank"},
+                    "containers": [{"name": "server", "id": CID["c"], "gpus": 1}],
+                },
                 # Asked for no GPU, but its image sets NVIDIA_VISIBLE_DEVICES=all.
-                {"namespace": "rogue", "name": "notebook", "uid": UID_D,
-                 "containers": [{"name": "jupyter", "id": CID["d"]}]},
-                {"namespace": "llm", "name": "loading", "uid": UID_E, "ready": False,
-                 "containers": [{"name": "vllm", "id": CID["e"], "gpus": 1}]},
-                {"namespace": "batch", "name": "done", "phase": "Succeeded", "ready": False,
-                 "containers": [{"name": "job", "id": CID["f"], "gpus": 1}]},
+                {
+                    "namespace": "rogue",
+                    "name": "notebook",
+                    "uid": UID_D,
+                    "containers": [{"name": "jupyter", "id": CID["d"]}],
+                },
+                {
+                    "namespace": "llm",
+                    "name": "loading",
+                    "uid": UID_E,
+                    "ready": False,
+                    "containers": [{"name": "vllm", "id": CID["e"], "gpus": 1}],
+                },
+                {
+                    "namespace": "batch",
+                    "name": "done",
+                    "phase": "Succeeded",
+                    "ready": False,
+                    "containers": [{"name": "job", "id": CID["f"], "gpus": 1}],
+                },
             ]
         },
         "podresources": {
             "allocations": [
-                {"namespace": "llm", "pod": "llama-7d9f8c6b5-x2x4q", "container": "vllm",
-                 "devices": [G1, G0]},
-                {"namespace": "ts", "pod": "embed-0", "container": "server",
-                 "devices": [f"{G2}::0"]},
-                {"namespace": "ts", "pod": "rerank-0", "container": "server",
-                 "devices": [f"{G2}::1"]},
+                {
+                    "namespace": "llm",
+                    "pod": "llama-7d9f8c6b5-x2x4q",
+                    "container": "vllm",
+                    "devices": [G1, G0],
+                },
+                {
+                    "namespace": "ts",
+                    "pod": "embed-0",
+                    "container": "server",
+                    "devices": [f"{G2}::0"],
+                },
+                {
+                    "namespace": "ts",
+                    "pod": "rerank-0",
+                    "container": "server",
+                    "devices": [f"{G2}::1"],
+                },
                 {"namespace": "llm", "pod": "loading", "container": "vllm", "devices": [G1]},
                 # An old kubelet still lists the finished pod's device.
                 {"namespace": "batch", "pod": "done", "container": "job", "devices": [G1]},
@@ -112,7 +150,10 @@ def test_per_container_series_carry_names_and_workloads(simulate: Any) -> None:
     s = simulate(scenario()).settle()
     row = pick(s, "gpuledger_container_gpu_memory_used_bytes", pod_uid=UID_A)[0][1]
     assert (row["namespace"], row["pod"], row["container"], row["workload"]) == (
-        "llm", "llama-7d9f8c6b5-x2x4q", "vllm", "llama",
+        "llm",
+        "llama-7d9f8c6b5-x2x4q",
+        "vllm",
+        "llama",
     )
     assert value(s, "gpuledger_container_gpu_memory_used_bytes", workload="embed") == 5 * 1024**3
 
@@ -126,36 +167,48 @@ def test_starting_pods(simulate: Any) -> None:
 
 
 def test_deleted_pod_series_disappear(simulate: Any) -> None:
-    doc = scenario(phases=[{
-        "name": "rerank-gone",
-        "pods": {"ts/rerank-0": None},
-        "processes": {300: None},
-        "allocations": [a for a in scenario()["podresources"]["allocations"]
-                        if a["pod"] != "rerank-0"],
-    }])
+    doc = scenario(
+        phases=[
+            {
+                "name": "rerank-gone",
+                "pods": {"ts/rerank-0": None},
+                "processes": {300: None},
+                "allocations": [
+                    a for a in scenario()["podresources"]["allocations"] if a["pod"] != "rerank-0"
+                ],
+            }
+        ]
+    )
     run = simulate(doc)
     assert pick(run.settle(), "gpuledger_gpu_allocation_info", pod="rerank-0")
     for _ in range(50):
         s = run.scrape(phase="rerank-gone")
         if not pick(s, "gpuledger_pod_starting", pod="rerank-0"):
             break
-    for metric in ("gpuledger_gpu_allocation_info", "gpuledger_container_gpu_memory_used_bytes",
-                   "gpuledger_gpu_allocated_unused", "gpuledger_pod_starting"):
+    for metric in (
+        "gpuledger_gpu_allocation_info",
+        "gpuledger_container_gpu_memory_used_bytes",
+        "gpuledger_gpu_allocated_unused",
+        "gpuledger_pod_starting",
+    ):
         assert not pick(s, metric, pod_uid=UID_C), metric
     assert pick(s, "gpuledger_gpu_allocation_info", pod_uid=UID_B)
 
 
 def test_kubelet_down_drops_only_its_series_and_recovers(simulate: Any) -> None:
-    doc = scenario(phases=[
-        {"name": "down", "podresources_fault": "unavailable"},
-        {"name": "up", "podresources_fault": "ok"},
-    ])
+    doc = scenario(
+        phases=[
+            {"name": "down", "podresources_fault": "unavailable"},
+            {"name": "up", "podresources_fault": "ok"},
+        ]
+    )
     run = simulate(doc)
     run.settle()
     s = run.scrape(phase="down")
     assert value(s, "gpuledger_source_up", source="podresources") == 0
-    assert value(s, "gpuledger_source_errors_total", source="podresources",
-                 reason="unavailable") >= 1
+    assert (
+        value(s, "gpuledger_source_errors_total", source="podresources", reason="unavailable") >= 1
+    )
     assert not pick(s, "gpuledger_gpu_allocation_info")
     assert not pick(s, "gpuledger_gpu_allocated_unused")  # unknown, not "all fine"
     assert value(s, "gpuledger_container_gpu_memory_used_bytes", pod_uid=UID_A) == 30 * 1024**3
@@ -164,7 +217,7 @@ def test_kubelet_down_drops_only_its_series_and_recovers(simulate: Any) -> None:
     assert pick(s, "gpuledger_gpu_allocation_info")
 
 
-def test_api_server_down_keeps_memory_by_pod_uid(simulate: Any) -> None:
+def test_api_server_down_after_first_list_keeps_cached_identities(simulate: Any) -> None:
     doc = scenario(phases=[{"name": "down", "kubernetes_fault": "refuse"}])
     run = simulate(doc)
     run.settle()
@@ -174,8 +227,15 @@ def test_api_server_down_keeps_memory_by_pod_uid(simulate: Any) -> None:
         if value(s, "gpuledger_source_up", source="kubernetes") == 0:
             break
     assert value(s, "gpuledger_source_up", source="kubernetes") == 0
+    assert value(s, "gpuledger_source_errors_total", source="kubernetes", reason="unreachable") >= 1
+    # The cache from the first list still names the pods; the source's last success
+    # timestamp stops moving, which is how the staleness shows.
     row = pick(s, "gpuledger_container_gpu_memory_used_bytes", pod_uid=UID_A)
-    assert row and row[0][1]["pod"] == "" and row[0][2] == 30 * 1024**3
+    assert row and row[0][1]["pod"] == "llama-7d9f8c6b5-x2x4q" and row[0][2] == 30 * 1024**3
+    assert value(s, "gpuledger_gpu_allocated_unused", pod_uid=UID_A, gpu_uuid=G1) == 1
+    last = value(s, "gpuledger_source_last_success_timestamp_seconds", source="kubernetes")
+    s = run.scrape()
+    assert value(s, "gpuledger_source_last_success_timestamp_seconds", source="kubernetes") == last
     assert value(s, "gpuledger_source_up", source="nvml") == 1
 
 
@@ -183,8 +243,10 @@ def test_missing_socket_is_reported_with_its_reason(simulate: Any) -> None:
     run = simulate(scenario(podresources={"fault": "missing", "allocations": []}))
     s = run.scrape()
     assert value(s, "gpuledger_source_up", source="podresources") == 0
-    assert value(s, "gpuledger_source_errors_total", source="podresources",
-                 reason="socket_missing") == 1
+    assert (
+        value(s, "gpuledger_source_errors_total", source="podresources", reason="socket_missing")
+        == 1
+    )
     published, _ = run.exporter.current()
     assert any("no PodResources: allocation unknown" in u for u in published.ledger.unknowns)
 
@@ -193,17 +255,29 @@ def test_cluster_mode_reports_unplaced_pods_by_reason(simulate: Any) -> None:
     doc = {
         "node": "cluster-view",
         "mode": "cluster",
-        "kubernetes": {"pods": [
-            {"namespace": "llm", "name": "big-0", "owner": {"kind": "StatefulSet", "name": "big"},
-             "containers": [{"name": "vllm", "gpus": 8}],
-             "pending": {"reason": "Unschedulable", "message":
-                         "0/6 nodes are available: 2 node(s) didn't match Pod's node "
-                         "affinity/selector, 4 Insufficient nvidia.com/gpu. preemption: 0/6 "
-                         "nodes are available: 6 No preemption victims found for incoming pod."}},
-            {"namespace": "team", "name": "queued", "containers": [{"name": "t", "gpus": 1}],
-             "pending": {"reason": "SchedulingGated"}},
-            {"namespace": "llm", "name": "placed", "containers": [{"name": "v", "gpus": 1}]},
-        ]},
+        "kubernetes": {
+            "pods": [
+                {
+                    "namespace": "llm",
+                    "name": "big-0",
+                    "owner": {"kind": "StatefulSet", "name": "big"},
+                    "containers": [{"name": "vllm", "gpus": 8}],
+                    "pending": {
+                        "reason": "Unschedulable",
+                        "message": "0/6 nodes are available: 2 node(s) didn't match Pod's node "
+                        "affinity/selector, 4 Insufficient nvidia.com/gpu. preemption: 0/6 "
+                        "nodes are available: 6 No preemption victims found for incoming pod.",
+                    },
+                },
+                {
+                    "namespace": "team",
+                    "name": "queued",
+                    "containers": [{"name": "t", "gpus": 1}],
+                    "pending": {"reason": "SchedulingGated"},
+                },
+                {"namespace": "llm", "name": "placed", "containers": [{"name": "v", "gpus": 1}]},
+            ]
+        },
     }
     run = simulate(doc)
     s = run.settle()
@@ -220,3 +294,59 @@ def test_cluster_mode_reports_unplaced_pods_by_reason(simulate: Any) -> None:
     assert value(s, "gpuledger_pod_pending_since_timestamp_seconds", pod="big-0") > 1.7e9
     assert not pick(s, "gpuledger_gpu_info")  # cluster mode reads no GPUs
     assert not pick(s, "gpuledger_source_up", source="nvml")
+
+
+def test_mig_allocations_keep_mig_ids(simulate: Any) -> None:
+    mig = "MIG-4b7f3f2c-2a4e-5b8e-9d7c-1f2e3d4c5b6a"
+    doc = scenario()
+    doc["podresources"]["allocations"].append(
+        {
+            "namespace": "ts",
+            "pod": "embed-0",
+            "container": "server",
+            "resource": "nvidia.com/mig-1g.10gb",
+            "devices": [mig],
+        }
+    )
+    s = simulate(doc).settle()
+    row = pick(s, "gpuledger_gpu_allocation_info", gpu_uuid=mig)
+    assert row and row[0][1]["resource"] == "nvidia.com/mig-1g.10gb"
+    assert row[0][1]["pod_uid"] == UID_B
+
+
+def test_thousands_of_pending_pods(simulate: Any) -> None:
+    pods = [
+        {
+            "namespace": f"team-{i % 40}",
+            "name": f"job-{i}",
+            "containers": [{"name": "t", "gpus": 1 + i % 4}],
+            "pending": {
+                "reason": "Unschedulable",
+                "message": f"0/{i % 9 + 3} nodes are available: {i % 9 + 3} Insufficient nvidia.com/gpu.",
+            },
+        }
+        for i in range(2000)
+    ]
+    pods.append(
+        {
+            "namespace": "x",
+            "name": "cpu-only",
+            "containers": [{"name": "c"}],
+            "pending": {
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient cpu.",
+            },
+        }
+    )
+    run = simulate({"mode": "cluster", "kubernetes": {"pods": pods}})
+    s = run.settle()
+    for _ in range(100):
+        rows = pick(s, "gpuledger_pod_pending_placement")
+        if len(rows) == 2000:
+            break
+        s = run.scrape()
+    assert len(rows) == 2000  # the pod that asks for no GPU is left out by default
+    assert {r[1]["reason"] for r in rows} == {"insufficient_gpu"}
+    assert sum(r[2] for r in pick(s, "gpuledger_pod_pending_gpus")) == sum(
+        1 + i % 4 for i in range(2000)
+    )
