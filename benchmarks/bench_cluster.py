@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporter"))
 
-from gpuledger.pipeline import Pipeline, PipelineConfig  # noqa: E402
-from gpuledger.server import Exporter  # noqa: E402
-from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false  # noqa: E402
+from gpuledger.pipeline import Pipeline, PipelineConfig
+from gpuledger.server import Exporter
+from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
 
 NO_TRACE = "--no-trace" in sys.argv
 
@@ -72,8 +72,9 @@ def main() -> None:
         if not NO_TRACE:
             tracemalloc.start()
         pipeline = Pipeline(
-            PipelineConfig(node="cluster", mode="cluster", kubernetes=True,
-                           kubeconfig=str(kubeconfig))
+            PipelineConfig(
+                node="cluster", mode="cluster", kubernetes=True, kubeconfig=str(kubeconfig)
+            )
         )
         exporter = Exporter(pipeline.cycle, 10.0)
         started = time.perf_counter()
@@ -93,7 +94,8 @@ def main() -> None:
             # What the exporter itself keeps (the simulated API server shares this process).
             snapshot = tracemalloc.take_snapshot()
             held_by_gpuledger = sum(
-                stat.size for stat in snapshot.statistics("filename")
+                stat.size
+                for stat in snapshot.statistics("filename")
                 if "/gpuledger/" in stat.traceback[0].filename
                 and "/sim/" not in stat.traceback[0].filename
             )
@@ -109,9 +111,16 @@ def main() -> None:
     print(f"pods in cluster            {args.pods}")
     print(f"unplaced (cached)          {len(published.ledger.pending)}")
     print(f"first list (sync)          {sync_seconds * 1000:.0f} ms")
-    print(f"cycle median / p95         {statistics.median(cycles) * 1000:.2f} / {p95 * 1000:.2f} ms")
-    print(f"/metrics render median     {statistics.median(renders) * 1000:.2f} ms ({len(body)} bytes, {series} series)")
-    print(f"python heap live / peak    {traced_current / 2**20:.1f} / {traced_peak / 2**20:.1f} MiB")
+    print(
+        f"cycle median / p95         {statistics.median(cycles) * 1000:.2f} / {p95 * 1000:.2f} ms"
+    )
+    print(
+        f"/metrics render median     {statistics.median(renders) * 1000:.2f} ms "
+        f"({len(body)} bytes, {series} series)"
+    )
+    print(
+        f"python heap live / peak    {traced_current / 2**20:.1f} / {traced_peak / 2**20:.1f} MiB"
+    )
     print(f"allocated in gpuledger/    {held_by_gpuledger / 2**20:.1f} MiB (excl. the simulator)")
     print(f"RSS growth                 {(rss_after - rss_before) / 2**20:.1f} MiB")
 

@@ -64,7 +64,8 @@ class Run:
         current = self.scrape(phase)
         while True:
             down = [
-                s for s in pick(current, "gpuledger_source_up")
+                s
+                for s in pick(current, "gpuledger_source_up")
                 if s[2] == 0 and s[1]["source"] in self.expected_up
             ]
             if not down or time.monotonic() > deadline:

@@ -322,7 +322,8 @@ def test_thousands_of_pending_pods(simulate: Any) -> None:
             "containers": [{"name": "t", "gpus": 1 + i % 4}],
             "pending": {
                 "reason": "Unschedulable",
-                "message": f"0/{i % 9 + 3} nodes are available: {i % 9 + 3} Insufficient nvidia.com/gpu.",
+                "message": f"0/{i % 9 + 3} nodes are available: "
+                f"{i % 9 + 3} Insufficient nvidia.com/gpu.",
             },
         }
         for i in range(2000)

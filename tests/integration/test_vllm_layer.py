@@ -16,7 +16,9 @@ MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 
 
 def cg(uid: str, cid: str) -> str:
-    return f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope"
+    return (
+        f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope"
+    )
 
 
 def scenario() -> dict[str, Any]:
@@ -25,41 +27,107 @@ def scenario() -> dict[str, Any]:
         "gpus": [{"uuid": G0}, {"uuid": G1}, {"uuid": G2}],
         "processes": [
             # TP=2 engine: API server -> EngineCore -> two workers.
-            {"pid": 100, "ppid": 90, "cgroup": cg(UID, CID),
-             "cmdline": ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model",
-                         "/models/llama", "--tensor-parallel-size", "2", "--max-num-seqs", "64",
-                         "--api-key", "sk-never-export-me"],
-             "environ": {"HF_TOKEN": "hf_never_export_me"}},
-            {"pid": 101, "ppid": 100, "cgroup": cg(UID, CID), "cmdline": "VLLM::EngineCore",
-             "gpu_memory": {G0: "512MiB"}},
-            {"pid": 102, "ppid": 101, "cgroup": cg(UID, CID), "cmdline": "VLLM::Worker_TP0",
-             "gpu_memory": {G0: "70GiB"}},
-            {"pid": 103, "ppid": 101, "cgroup": cg(UID, CID), "cmdline": "VLLM::Worker_TP1",
-             "gpu_memory": {G1: "70GiB"}},
+            {
+                "pid": 100,
+                "ppid": 90,
+                "cgroup": cg(UID, CID),
+                "cmdline": [
+                    "python3",
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--model",
+                    "/models/llama",
+                    "--tensor-parallel-size",
+                    "2",
+                    "--max-num-seqs",
+                    "64",
+                    "--api-key",
+                    "sk-never-export-me",
+                ],
+                "environ": {"HF_TOKEN": "hf_never_export_me"},
+            },
+            {
+                "pid": 101,
+                "ppid": 100,
+                "cgroup": cg(UID, CID),
+                "cmdline": "VLLM::EngineCore",
+                "gpu_memory": {G0: "512MiB"},
+            },
+            {
+                "pid": 102,
+                "ppid": 101,
+                "cgroup": cg(UID, CID),
+                "cmdline": "VLLM::Worker_TP0",
+                "gpu_memory": {G0: "70GiB"},
+            },
+            {
+                "pid": 103,
+                "ppid": 101,
+                "cgroup": cg(UID, CID),
+                "cmdline": "VLLM::Worker_TP1",
+                "gpu_memory": {G1: "70GiB"},
+            },
             # One-GPU engine: the model runs inside EngineCore, no Worker process.
-            {"pid": 200, "ppid": 190, "cgroup": cg(UID_SOLO, CID_SOLO),
-             "cmdline": ["vllm", "serve", "/models/qwen", "--max-num-seqs", "256"]},
-            {"pid": 201, "ppid": 200, "cgroup": cg(UID_SOLO, CID_SOLO),
-             "cmdline": "VLLM::EngineCore", "gpu_memory": {G2: "20GiB"}},
+            {
+                "pid": 200,
+                "ppid": 190,
+                "cgroup": cg(UID_SOLO, CID_SOLO),
+                "cmdline": ["vllm", "serve", "/models/qwen", "--max-num-seqs", "256"],
+            },
+            {
+                "pid": 201,
+                "ppid": 200,
+                "cgroup": cg(UID_SOLO, CID_SOLO),
+                "cmdline": "VLLM::EngineCore",
+                "gpu_memory": {G2: "20GiB"},
+            },
         ],
-        "kubernetes": {"pods": [
-            {"namespace": "llm", "name": "llama-0", "uid": UID,
-             "owner": {"kind": "StatefulSet", "name": "llama"},
-             "containers": [{"name": "vllm", "id": CID, "gpus": 2}]},
-            {"namespace": "llm", "name": "qwen-0", "uid": UID_SOLO,
-             "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "0"},
-             "owner": {"kind": "StatefulSet", "name": "qwen"},
-             "containers": [{"name": "vllm", "id": CID_SOLO, "gpus": 1}]},
-        ]},
+        "kubernetes": {
+            "pods": [
+                {
+                    "namespace": "llm",
+                    "name": "llama-0",
+                    "uid": UID,
+                    "owner": {"kind": "StatefulSet", "name": "llama"},
+                    "containers": [{"name": "vllm", "id": CID, "gpus": 2}],
+                },
+                {
+                    "namespace": "llm",
+                    "name": "qwen-0",
+                    "uid": UID_SOLO,
+                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "0"},
+                    "owner": {"kind": "StatefulSet", "name": "qwen"},
+                    "containers": [{"name": "vllm", "id": CID_SOLO, "gpus": 1}],
+                },
+            ]
+        },
         "vllm": [
-            {"pod": "llm/llama-0", "engines": [
-                {"model_name": MODEL, "running": 64, "waiting": 37,
-                 "waiting_by_reason": {"capacity": 30, "deferred": 7},
-                 "kv_cache_usage": 0.42, "preemptions_total": 3, "num_gpu_blocks": 9000,
-                 "block_size": 16}]},
-            {"pod": "llm/qwen-0", "engines": [
-                {"model_name": "Qwen/Qwen2.5-7B-Instruct", "running": 3, "waiting": 0,
-                 "kv_cache_usage": 0.05}]},
+            {
+                "pod": "llm/llama-0",
+                "engines": [
+                    {
+                        "model_name": MODEL,
+                        "running": 64,
+                        "waiting": 37,
+                        "waiting_by_reason": {"capacity": 30, "deferred": 7},
+                        "kv_cache_usage": 0.42,
+                        "preemptions_total": 3,
+                        "num_gpu_blocks": 9000,
+                        "block_size": 16,
+                    }
+                ],
+            },
+            {
+                "pod": "llm/qwen-0",
+                "engines": [
+                    {
+                        "model_name": "Qwen/Qwen2.5-7B-Instruct",
+                        "running": 3,
+                        "waiting": 0,
+                        "kv_cache_usage": 0.05,
+                    }
+                ],
+            },
         ],
         "phases": [{"name": "llama-hangs", "vllm": {"llm/llama-0": {"fault": "hang"}}}],
     }
@@ -71,8 +139,9 @@ def test_engine_queues_and_cache(simulate: Any) -> None:
     assert value(s, "gpuledger_engine_up", **labels) == 1
     assert value(s, "gpuledger_engine_requests", state="waiting", **labels) == 37
     assert value(s, "gpuledger_engine_requests", state="running", **labels) == 64
-    assert value(s, "gpuledger_engine_requests_waiting_by_reason", reason="capacity",
-                 **labels) == 30
+    assert (
+        value(s, "gpuledger_engine_requests_waiting_by_reason", reason="capacity", **labels) == 30
+    )
     assert value(s, "gpuledger_engine_kv_cache_usage_ratio", **labels) == 0.42
     assert value(s, "gpuledger_engine_preemptions_total", **labels) == 3
     row = pick(s, "gpuledger_engine_up", **labels)[0][1]
