@@ -213,9 +213,26 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
         "1: a process of the engine (role engine_core or worker, rank) holds this GPU.",
         [*ENGINE_LABELS, "gpu_uuid", "role", "rank"],
     )
+    gpus = _gauge(
+        "gpuledger_engine_gpus",
+        "GPUs of one engine: configured (tensor x pipeline parallel size from its flags) and "
+        "in_use (distinct GPUs its processes hold, NVML).",
+        [*ENGINE_LABELS, "state"],
+    )
+    max_seqs = _gauge(
+        "gpuledger_engine_max_num_seqs",
+        "The engine's --max-num-seqs: requests one step may batch; absent when not set.",
+        ENGINE_LABELS,
+    )
     for e in ledger.engines:
         values = [node, e.namespace, e.pod, e.pod_uid, e.workload, e.model_name, e.engine]
         up.add_metric(values, 1 if e.up else 0)
+        if e.gpus_configured is not None:
+            gpus.add_metric([*values, "configured"], e.gpus_configured)
+        if e.gpus_in_use is not None:
+            gpus.add_metric([*values, "in_use"], e.gpus_in_use)
+        if e.config.get("max_num_seqs", "").isdigit():
+            max_seqs.add_metric(values, int(e.config["max_num_seqs"]))
         config.add_metric([*values, *(e.config.get(k, "") for k in CONFIG_LABELS)], 1)
         for g in e.gpus:
             gpu.add_metric([*values, g.gpu_uuid, g.role, g.rank], 1)
@@ -231,7 +248,7 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
             kv.add_metric(values, m.kv_cache_usage_ratio)
         if m.preemptions_total is not None:
             preemptions.add_metric(values, m.preemptions_total)
-    yield from (up, requests, by_reason, kv, preemptions, config, gpu)
+    yield from (up, requests, by_reason, kv, preemptions, config, gpu, gpus, max_seqs)
 
 
 def self_families(published: Published, now: float) -> Iterator[Metric]:

@@ -195,3 +195,149 @@ def test_secrets_never_reach_the_exposition_or_ledger(simulate: Any) -> None:
         assert "hf_never_export_me" not in channel
         assert "/models/llama" not in channel
     assert samples(body.decode())
+
+
+def _engine_pod(
+    name: str, uid: str, cid: str, pid: int, flags: list[str], workers: list[tuple[str, str]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A pod running one vLLM server: API server, EngineCore, and workers (title, gpu)."""
+    procs = [
+        {"pid": pid, "ppid": 1, "cgroup": cg(uid, cid), "cmdline": ["vllm", "serve", *flags]},
+        {"pid": pid + 1, "ppid": pid, "cgroup": cg(uid, cid), "cmdline": "VLLM::EngineCore"},
+    ]
+    for i, (title, gpu) in enumerate(workers):
+        procs.append(
+            {
+                "pid": pid + 2 + i,
+                "ppid": pid + 1,
+                "cgroup": cg(uid, cid),
+                "cmdline": title,
+                "gpu_memory": {gpu: "40GiB"},
+            }
+        )
+    pod = {
+        "namespace": "serve",
+        "name": name,
+        "uid": uid,
+        "owner": {"kind": "ReplicaSet", "name": "chat-6b8f9c7d5"},
+        "labels": {"pod-template-hash": "6b8f9c7d5"},
+        "containers": [{"name": "vllm", "id": cid, "gpus": 4}],
+    }
+    return pod, procs
+
+
+def user_cases() -> dict[str, Any]:
+    gpus = [f"GPU-30000000-0000-4000-8000-00000000000{i}" for i in range(6)]
+    uids = [f"{c * 8}-2222-4333-8444-{c * 12}" for c in "cdef"]
+    cids = [c * 64 for c in "cdef"]
+    # chat-a: TP=4 configured, only two workers hold GPUs. chat-b: idle sibling replica.
+    pod_a, procs_a = _engine_pod(
+        "chat-a",
+        uids[0],
+        cids[0],
+        1000,
+        ["--tensor-parallel-size", "4", "--max-num-seqs", "32"],
+        [("VLLM::Worker_TP0", gpus[0]), ("VLLM::Worker_TP1", gpus[1])],
+    )
+    pod_b, procs_b = _engine_pod(
+        "chat-b", uids[1], cids[1], 2000, ["--max-num-seqs", "32"], [("VLLM::Worker_TP0", gpus[2])]
+    )
+    # Still loading: Running, not Ready, endpoint refuses.
+    pod_c, procs_c = _engine_pod("chat-c", uids[2], cids[2], 3000, [], [])
+    pod_c["ready"] = False
+    queue = {
+        "model_name": "chat",
+        "running": 32,
+        "waiting": 50,
+        "waiting_by_reason": {"capacity": 50},
+        "kv_cache_usage": 0.12,
+    }
+    return {
+        "node": "n1",
+        "gpus": [{"uuid": g} for g in gpus],
+        "processes": procs_a + procs_b + procs_c,
+        "kubernetes": {"pods": [pod_a, pod_b, pod_c]},
+        "vllm": [
+            {"pod": "serve/chat-a", "engines": [queue]},
+            {
+                "pod": "serve/chat-b",
+                "engines": [
+                    {"model_name": "chat", "running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+                ],
+            },
+            {"pod": "serve/chat-c", "fault": "refuse"},
+        ],
+        "phases": [
+            {
+                "name": "kv-full",
+                "vllm": {
+                    "serve/chat-a": {
+                        "engines": [{**queue, "kv_cache_usage": 0.99, "preemptions_total": 40}]
+                    }
+                },
+            },
+            {
+                "name": "deferred-only",
+                "vllm": {
+                    "serve/chat-a": {
+                        "engines": [
+                            {
+                                **queue,
+                                "running": 3,
+                                "waiting": 9,
+                                "waiting_by_reason": {"deferred": 9},
+                            }
+                        ]
+                    }
+                },
+            },
+        ],
+    }
+
+
+def test_tp4_configured_but_two_gpus_in_use(simulate: Any) -> None:
+    s = simulate(user_cases()).settle()
+    assert value(s, "gpuledger_engine_gpus", pod="chat-a", state="configured") == 4
+    assert value(s, "gpuledger_engine_gpus", pod="chat-a", state="in_use") == 2
+    assert value(s, "gpuledger_engine_gpus", pod="chat-b", state="configured") == 1
+    assert value(s, "gpuledger_engine_gpus", pod="chat-b", state="in_use") == 1
+
+
+def test_running_at_max_num_seqs_with_kv_headroom(simulate: Any) -> None:
+    s = simulate(user_cases()).settle()
+    labels = {"pod": "chat-a"}
+    assert value(s, "gpuledger_engine_max_num_seqs", **labels) == 32
+    assert value(s, "gpuledger_engine_requests", state="running", **labels) == 32
+    assert value(s, "gpuledger_engine_kv_cache_usage_ratio", **labels) == 0.12
+
+
+def test_two_replicas_of_one_workload_one_queueing(simulate: Any) -> None:
+    s = simulate(user_cases()).settle()
+    waiting = {
+        r[1]["pod"]: r[2]
+        for r in pick(s, "gpuledger_engine_requests", state="waiting", workload="chat")
+    }
+    assert waiting == {"chat-a": 50, "chat-b": 0}
+
+
+def test_model_still_loading(simulate: Any) -> None:
+    s = simulate(user_cases()).settle()
+    assert value(s, "gpuledger_engine_up", pod="chat-c") == 0
+    assert pick(s, "gpuledger_engine_up", pod="chat-c")[0][1]["model_name"] == ""
+    assert value(s, "gpuledger_pod_starting", pod="chat-c") == 1
+    assert value(s, "gpuledger_pod_starting", pod="chat-a") == 0
+
+
+def test_kv_full_with_preemptions_then_deferred_only(simulate: Any) -> None:
+    run = simulate(user_cases())
+    before = run.settle()
+    assert value(before, "gpuledger_engine_preemptions_total", pod="chat-a") == 0
+    full = run.scrape(phase="kv-full")
+    assert value(full, "gpuledger_engine_kv_cache_usage_ratio", pod="chat-a") == 0.99
+    assert value(full, "gpuledger_engine_preemptions_total", pod="chat-a") == 40
+    deferred = run.scrape(phase="deferred-only")
+    by_reason = {
+        r[1]["reason"]: r[2]
+        for r in pick(deferred, "gpuledger_engine_requests_waiting_by_reason", pod="chat-a")
+    }
+    assert by_reason == {"deferred": 9}

@@ -68,6 +68,10 @@ class Engine:
     metrics: EngineMetrics | None
     config: Mapping[str, str] = field(default_factory=frozen_map)
     gpus: tuple[EngineGpu, ...] = ()
+    # tensor_parallel_size * pipeline_parallel_size, when the API server's flags are known.
+    gpus_configured: int | None = None
+    # Distinct GPUs the engine's processes hold, when its processes were found.
+    gpus_in_use: int | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,17 @@ def _engine_gpus(
     return tuple(sorted(found, key=lambda g: (g.role, int(g.rank), g.gpu_uuid)))
 
 
+def _configured_gpus(group: _ProcessGroup | None) -> int | None:
+    if group is None:
+        return None
+    try:
+        tp = int(group.flags.get("tensor_parallel_size", "1"))
+        pp = int(group.flags.get("pipeline_parallel_size", "1"))
+    except ValueError:
+        return None  # a flag we cannot read as a number: unknown, not a guess
+    return tp * pp
+
+
 def _config(group: _ProcessGroup | None, metrics: EngineMetrics | None) -> Mapping[str, str]:
     config: dict[str, str] = {}
     if group is not None:
@@ -195,6 +210,8 @@ def _engines_of(
 
     def engine(model: str, rank: str, metrics: EngineMetrics | None) -> Engine:
         rank_int = int(rank) if rank.isdigit() else 0
+        joined = group is not None and len(group.api_servers) == 1
+        gpus = _engine_gpus(group, rank_int, gpu_by_pid)
         return Engine(
             url=url,
             origin=target.origin,
@@ -207,7 +224,9 @@ def _engines_of(
             up=scrape.up,
             metrics=metrics,
             config=_config(group, metrics),
-            gpus=_engine_gpus(group, rank_int, gpu_by_pid),
+            gpus=gpus,
+            gpus_configured=_configured_gpus(group) if joined else None,
+            gpus_in_use=len({g.gpu_uuid for g in gpus}) if joined else None,
         )
 
     if scrape.up:
