@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpuledger import __version__
+from gpuledger.explain import ExplainError, explain, fetch_document, render_text
 from gpuledger.logs import setup_logging
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.server import Exporter, parse_listen, serve
 from gpuledger.sim.fake_nvml import FakeNvmlBuildError
-from gpuledger.sim.harness import PhaseClock, SimulatedNode
+from gpuledger.sim.harness import PhaseClock, SimulatedNode, settled_document
 from gpuledger.sim.scenario import Scenario, ScenarioError, load_scenario
 
 log = logging.getLogger("gpuledger")
@@ -139,7 +141,8 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         "(env GPULEDGER_GPU_RESOURCES, comma-separated; default nvidia.com/gpu,nvidia.com/mig-*)",
     )
     p.add_argument(
-        "--pending-all-pods", action="store_true",
+        "--pending-all-pods",
+        action="store_true",
         default=_env("PENDING_ALL_PODS", "false") == "true",
         help="cluster mode: report unplaced pods that request no GPU too "
         "(env GPULEDGER_PENDING_ALL_PODS=true)",
@@ -190,7 +193,75 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="serve a bundled scenario: an 8-GPU simulated node")
     demo.add_argument("--once", action="store_true", help="print one exposition and exit")
     _add_exporter_flags(demo, simulated=True)
+    ex = sub.add_parser(
+        "explain",
+        help="print the object chain and where the work waits, for a pod, GPU, workload or engine",
+        description="Reads /ledger.json from exporters (--from, repeatable: node agents and the "
+        "cluster view) or runs a scenario (--scenario). Exit codes: 0 explained, 1 nothing "
+        "matched, 2 usage error, 3 no source could be read.",
+    )
+    ex.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        metavar="URL",
+        default=[],
+        help="an exporter's base URL, e.g. http://10.0.3.7:9402 (repeatable)",
+    )
+    ex.add_argument("--scenario", metavar="FILE", help="explain a simulated scenario instead")
+    ex.add_argument("--phase", help="with --scenario: at this phase")
+    what = ex.add_mutually_exclusive_group(required=True)
+    what.add_argument("--pod", metavar="NS/NAME")
+    what.add_argument("--gpu", metavar="UUID", help="a GPU UUID or an unambiguous prefix")
+    what.add_argument("--workload", metavar="NS/NAME")
+    what.add_argument("--engine", metavar="NS/POD[:RANK]|MODEL")
+    ex.add_argument("--output", choices=["text", "json"], default="text")
+    ex.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="warning",
+        help=argparse.SUPPRESS,
+    )
+    ex.add_argument(
+        "--log-format", choices=["text", "json"], default="text", help=argparse.SUPPRESS
+    )
     return parser
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    docs: list[Mapping[str, Any]] = []
+    if args.scenario:
+        try:
+            scenario = load_scenario(args.scenario).at_phase(args.phase)
+            docs.append(settled_document(scenario))
+        except (ScenarioError, FakeNvmlBuildError) as exc:
+            print(f"gpuledger: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    for url in args.sources:
+        try:
+            docs.append(fetch_document(url))
+        except ExplainError as exc:
+            print(f"gpuledger: warning: cannot read {exc}", file=sys.stderr)
+    if not docs:
+        if not args.scenario and not args.sources:
+            print(
+                "gpuledger: error: give --from URL or --scenario FILE (see --help)", file=sys.stderr
+            )
+            return EXIT_USAGE
+        print("gpuledger: error: no ledger could be read", file=sys.stderr)
+        return 3
+    try:
+        result = explain(
+            docs, pod=args.pod, gpu=args.gpu, workload=args.workload, engine=args.engine
+        )
+    except ExplainError as exc:
+        print(f"gpuledger: {exc}", file=sys.stderr)
+        return exc.code
+    if args.output == "json":
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        sys.stdout.write(render_text(result))
+    return 0
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:
@@ -303,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     if args.command == "serve":
         return run_exporter(serve_config(args), args)
+    if args.command == "explain":
+        return run_explain(args)
     path = demo_scenario_path() if args.command == "demo" else Path(args.file)
     try:
         scenario = load_scenario(path)

@@ -7,6 +7,7 @@ scrape costs a render and never waits on a source.
 from __future__ import annotations
 
 import html
+import json
 import logging
 import threading
 import time
@@ -19,6 +20,8 @@ from prometheus_client.exposition import choose_encoder
 
 from gpuledger import __version__
 from gpuledger.collector import LedgerCollector, Published
+from gpuledger.document import ledger_document
+from gpuledger.page import render_page
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,8 @@ LANDING = """<!doctype html>
 <p>Node <b>{node}</b>, mode <b>{mode}</b>.</p>
 <ul>
 <li><a href="metrics">/metrics</a> &mdash; Prometheus exposition</li>
+<li><a href="ledger">/ledger</a> &mdash; this node's ledger, readable</li>
+<li><a href="ledger.json">/ledger.json</a> &mdash; the same as JSON, for gpuledger explain</li>
 <li><a href="healthz">/healthz</a> &mdash; process alive</li>
 <li><a href="readyz">/readyz</a> &mdash; first snapshot taken</li>
 </ul></body></html>
@@ -131,6 +136,20 @@ def make_handler(exporter: Exporter, node: str, mode: str) -> type[BaseHTTPReque
                         b"first snapshot not taken yet\n",
                         "text/plain",
                     )
+            elif path in ("/ledger.json", "/ledger"):
+                published, _ = exporter.current()
+                if published is None:
+                    self._send(
+                        HTTPStatus.SERVICE_UNAVAILABLE,
+                        b"first snapshot not taken yet\n",
+                        "text/plain",
+                    )
+                elif path == "/ledger.json":
+                    body = json.dumps(ledger_document(published), indent=1).encode()
+                    self._send(HTTPStatus.OK, body, "application/json")
+                else:
+                    html_page = render_page(ledger_document(published)).encode()
+                    self._send(HTTPStatus.OK, html_page, "text/html; charset=utf-8")
             elif path == "/":
                 page = LANDING.format(
                     version=html.escape(__version__),

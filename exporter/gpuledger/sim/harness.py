@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuledger.pipeline import PipelineConfig
+from gpuledger.document import ledger_document
+from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sim.fake_nvml import (
@@ -291,3 +292,23 @@ class PhaseClock:
             self.current = due[-1]
             logging.getLogger(__name__).info("scenario phase %s", self.current)
             self.node.apply(self.scenario.at_phase(self.current))
+
+
+def settled_document(scenario: Scenario, deadline_seconds: float = 5.0) -> dict[str, Any]:
+    """Run `scenario` (at its current phase) and return the ledger document once every
+    simulated source has answered, or after `deadline_seconds` of trying."""
+    with SimulatedNode(scenario) as node:
+        pipeline = Pipeline(node.pipeline_config(deadline_seconds))
+        try:
+            pipeline.warm_up(deadline_seconds)
+            give_up = time.monotonic() + deadline_seconds
+            while True:
+                published = pipeline.cycle()
+                down = [
+                    s for s in published.ledger.sources if not s.up and s.error_reason != "disabled"
+                ]
+                if not down or time.monotonic() > give_up:
+                    return ledger_document(published)
+                time.sleep(0.1)
+        finally:
+            pipeline.close()

@@ -1,0 +1,175 @@
+"""The ledger as a versioned JSON document: what /ledger.json serves and `explain` reads.
+
+Only identities, titles and numbers: never an environment value or a command-line
+argument (the engine config carries just the whitelisted flags). Schema: docs/explain.md.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from gpuledger import __version__
+from gpuledger.collector import Published
+from gpuledger.ledger import ContainerRef, Ledger
+
+SCHEMA = "gpuledger.io/ledger/v1"
+
+
+def _container(ref: ContainerRef | None) -> dict[str, str] | None:
+    if ref is None:
+        return None
+    return {
+        "namespace": ref.namespace,
+        "pod": ref.pod,
+        "pod_uid": ref.pod_uid,
+        "container": ref.container,
+        "container_id": ref.container_id,
+        "workload": ref.workload,
+    }
+
+
+def _containers(ledger: Ledger) -> list[dict[str, Any]]:
+    found: dict[ContainerRef, dict[str, Any]] = {}
+
+    def entry(ref: ContainerRef) -> dict[str, Any]:
+        if ref not in found:
+            found[ref] = {**(_container(ref) or {}), "devices": [], "allocations": [], "usage": []}
+        return found[ref]
+
+    for m in ledger.device_maps:
+        entry(m.container)["devices"].append(
+            {"local_index": m.local_index, "gpu_uuid": m.gpu_uuid, "source": m.source}
+        )
+    for a in ledger.allocations:
+        entry(a.container)["allocations"].append(
+            {"gpu_uuid": a.gpu_uuid, "resource": a.resource, "device_id": a.device_id}
+        )
+    for u in ledger.usage:
+        entry(u.container)["usage"].append(
+            {
+                "gpu_uuid": u.gpu_uuid,
+                "memory_used_bytes": u.memory_used_bytes,
+                "processes": u.processes,
+            }
+        )
+    return [found[k] for k in sorted(found)]
+
+
+def _engines(ledger: Ledger) -> list[dict[str, Any]]:
+    out = []
+    for e in ledger.engines:
+        m = e.metrics
+        out.append(
+            {
+                "namespace": e.namespace,
+                "pod": e.pod,
+                "pod_uid": e.pod_uid,
+                "workload": e.workload,
+                "model_name": e.model_name,
+                "engine": e.engine,
+                "url": e.url,
+                "origin": e.origin,
+                "up": e.up,
+                "requests_running": m.requests_running if m else None,
+                "requests_waiting": m.requests_waiting if m else None,
+                "waiting_by_reason": dict(m.waiting_by_reason) if m else {},
+                "kv_cache_usage_ratio": m.kv_cache_usage_ratio if m else None,
+                "preemptions_total": m.preemptions_total if m else None,
+                "config": dict(e.config),
+                "gpus": [{"gpu_uuid": g.gpu_uuid, "role": g.role, "rank": g.rank} for g in e.gpus],
+                "gpus_configured": e.gpus_configured,
+                "gpus_in_use": e.gpus_in_use,
+            }
+        )
+    return out
+
+
+def _processes(ledger: Ledger) -> list[dict[str, Any]]:
+    return [
+        {
+            "pid": p.pid,
+            "ppid": p.ppid,
+            "title": p.title,
+            "container": _container(p.container),
+            "gpu_memory": [{"gpu_uuid": u, "used_bytes": b} for u, b in p.gpu_memory],
+            "cuda_devices": list(p.cuda_devices) if p.cuda_devices is not None else None,
+        }
+        for p in ledger.processes
+    ]
+
+
+def ledger_document(published: Published) -> dict[str, Any]:
+    ledger = published.ledger
+    users: dict[str, list[str]] = defaultdict(list)
+    for u in ledger.usage:
+        users[u.gpu_uuid].append(u.container.pod_uid)
+    return {
+        "schema": SCHEMA,
+        "version": __version__,
+        "node": ledger.node,
+        "mode": ledger.mode,
+        "taken_at": ledger.taken_at,
+        "driver_version": ledger.driver_version,
+        "sources": [
+            {
+                "source": s.source,
+                "up": s.up,
+                "reason": s.error_reason,
+                "message": s.error_message,
+                "duration_seconds": s.duration_seconds,
+            }
+            for s in ledger.sources
+        ],
+        "unknowns": list(ledger.unknowns),
+        "gpus": [
+            {
+                "uuid": g.uuid,
+                "index": g.index,
+                "model": g.name,
+                "pci_bus_id": g.pci_bus_id,
+                "mig_mode": g.mig_mode,
+                "up": g.up,
+                "error_reason": g.error_reason,
+                "memory_total_bytes": g.memory_total_bytes,
+                "memory_used_bytes": g.memory_used_bytes,
+                "utilization_ratio": g.utilization_ratio,
+                "unattributed_memory_bytes": ledger.unattributed.get(g.uuid),
+            }
+            for g in ledger.gpus
+        ],
+        "containers": _containers(ledger),
+        "processes": _processes(ledger),
+        "pods": [
+            {
+                "namespace": s.pod.namespace,
+                "name": s.pod.name,
+                "uid": s.pod.uid,
+                "workload": s.pod.workload,
+                "phase": s.pod.phase,
+                "ready": s.pod.ready,
+                "starting": s.starting,
+                "gpu_requests": s.pod.gpu_requests,
+                "node": s.pod.node_name,
+            }
+            for s in ledger.pods
+        ],
+        "engines": _engines(ledger),
+        "pending": [
+            {
+                "namespace": p.namespace,
+                "name": p.name,
+                "uid": p.uid,
+                "workload": p.workload,
+                "reason": p.pending_reason,
+                "gpus": p.gpu_requests,
+                "since": p.pending_since,
+            }
+            for p in ledger.pending
+        ],
+        "discrepancies": [
+            {"kind": d.kind, "gpu_uuid": d.gpu_uuid, **(_container(d.container) or {})}
+            for d in ledger.discrepancies
+            if d.active
+        ],
+    }

@@ -1,0 +1,325 @@
+"""`gpuledger explain`: the object chain from a workload down to the silicon, and a verdict.
+
+Reads the `/ledger.json` of one or more exporters (node agents and the cluster view), or a
+scenario run on the harness, and prints for the asked pod, GPU, workload or engine:
+workload -> pods (UID) -> engine (model, DP rank, config) -> processes (role, rank) ->
+container ordinal -> host GPU (UUID, index) -> node, then where the work waits and why,
+then any ledger disagreement, then what could not be known.
+
+Exit codes: 0 explained; 1 nothing matched the query; 2 usage error; 3 no source could be
+read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from gpuledger.document import SCHEMA
+from gpuledger.verdict import Thresholds, Verdict, workload_verdict
+
+Doc = Mapping[str, Any]
+EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+
+
+class ExplainError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fetch_document(url: str, timeout: float = 5.0) -> Doc:
+    """GET <exporter>/ledger.json, bounded in time and size."""
+    target = url.rstrip("/")
+    if not target.endswith("/ledger.json"):
+        target += "/ledger.json"
+    try:
+        with requests.get(target, timeout=timeout, stream=True) as resp:
+            if resp.status_code != 200:
+                raise ExplainError(EXIT_UNREACHABLE, f"{target}: HTTP {resp.status_code}")
+            body = resp.raw.read(MAX_DOCUMENT_BYTES + 1, decode_content=True)
+    except requests.RequestException as exc:
+        raise ExplainError(EXIT_UNREACHABLE, f"{target}: {type(exc).__name__}") from None
+    if len(body) > MAX_DOCUMENT_BYTES:
+        raise ExplainError(EXIT_UNREACHABLE, f"{target}: document larger than 64 MiB")
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise ExplainError(EXIT_UNREACHABLE, f"{target}: not JSON") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ExplainError(EXIT_UNREACHABLE, f"{target}: not a {SCHEMA} document")
+    return doc
+
+
+@dataclass
+class Workload:
+    namespace: str
+    name: str
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> pod view
+    pending: list[Doc] = field(default_factory=list)
+    engines: list[Doc] = field(default_factory=list)
+    discrepancies: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Fleet:
+    """Every document joined: nodes by name, GPUs by UUID, workloads by (ns, name)."""
+
+    def __init__(self, docs: Sequence[Doc]) -> None:
+        self.docs = docs
+        self.gpus: dict[str, tuple[Doc, Doc]] = {}  # uuid -> (gpu, node doc)
+        self.workloads: dict[tuple[str, str], Workload] = {}
+        self.unknowns = [f"{d['node']}: {u}" for d in docs for u in d.get("unknowns", [])]
+        for doc in docs:
+            for gpu in doc.get("gpus", []):
+                self.gpus[gpu["uuid"]] = (gpu, doc)
+            for pod in doc.get("pods", []):
+                self._workload(pod["namespace"], pod["workload"]).pods.setdefault(
+                    pod["uid"], {**pod, "node": pod.get("node") or doc["node"]}
+                )
+            for pending in doc.get("pending", []):
+                self._workload(pending["namespace"], pending["workload"]).pending.append(pending)
+            for engine in doc.get("engines", []):
+                if engine.get("workload"):
+                    self._workload(engine["namespace"], engine["workload"]).engines.append(
+                        {**engine, "node": doc["node"]}
+                    )
+            for d in doc.get("discrepancies", []):
+                if d.get("workload"):
+                    self._workload(d["namespace"], d["workload"]).discrepancies.append(d)
+        self.containers = [
+            {**c, "node": doc["node"]} for doc in docs for c in doc.get("containers", [])
+        ]
+        self.processes = [
+            {**p, "node": doc["node"]} for doc in docs for p in doc.get("processes", [])
+        ]
+
+    def _workload(self, namespace: str, name: str) -> Workload:
+        key = (namespace, name)
+        if key not in self.workloads:
+            self.workloads[key] = Workload(namespace, name)
+        return self.workloads[key]
+
+    def workload_of_pod(self, namespace: str, name: str) -> Workload | None:
+        for w in self.workloads.values():
+            if any(p["namespace"] == namespace and p["name"] == name for p in w.pods.values()):
+                return w
+            if any(p["namespace"] == namespace and p["name"] == name for p in w.pending):
+                return w
+        return None
+
+    def find_gpu(self, text: str) -> tuple[Doc, Doc]:
+        matches = [u for u in self.gpus if u == text or u.startswith(text)]
+        if len(matches) != 1:
+            what = "no GPU" if not matches else f"{len(matches)} GPUs"
+            raise ExplainError(EXIT_NOT_FOUND, f"{what} matching {text!r} in the ledger")
+        return self.gpus[matches[0]]
+
+
+def _bytes(n: float | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _gpu_label(fleet: Fleet, uuid: str) -> str:
+    entry = fleet.gpus.get(uuid)
+    if entry is None:
+        return uuid
+    gpu, doc = entry
+    return f"{uuid} (index {gpu['index']} on {doc['node']}, {gpu['model']})"
+
+
+def _engine_issues(engines: Iterable[Doc]) -> list[str]:
+    issues = []
+    for e in engines:
+        configured, in_use = e.get("gpus_configured"), e.get("gpus_in_use")
+        if e.get("up") and configured is not None and in_use is not None and configured != in_use:
+            issues.append(
+                f"parallelism mismatch: {e['namespace']}/{e['pod']} engine {e['engine']} is "
+                f"configured for {configured} GPU(s) (TP x PP) but its processes hold {in_use}"
+            )
+    return issues
+
+
+def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]:
+    verdict: Verdict = workload_verdict(w.pending, list(w.pods.values()), w.engines, t)
+    pods = []
+    for uid, pod in sorted(w.pods.items(), key=lambda kv: kv[1]["name"]):
+        engines = [e for e in w.engines if e["pod_uid"] == uid]
+        procs = [p for p in fleet.processes if (p.get("container") or {}).get("pod_uid") == uid]
+        containers = [c for c in fleet.containers if c["pod_uid"] == uid]
+        pods.append({"pod": pod, "engines": engines, "processes": procs, "containers": containers})
+    issues = [
+        f"{d['kind'].replace('_', ' ')}: {d['namespace']}/{d['pod']} container "
+        f"{d['container']} and GPU {_gpu_label(fleet, d['gpu_uuid'])}"
+        for d in w.discrepancies
+    ] + _engine_issues(w.engines)
+    return {
+        "namespace": w.namespace,
+        "workload": w.name,
+        "pods": pods,
+        "pending": list(w.pending),
+        "verdict": verdict.to_json(),
+        "discrepancies": issues,
+    }
+
+
+def select(
+    fleet: Fleet,
+    *,
+    pod: str | None = None,
+    gpu: str | None = None,
+    workload: str | None = None,
+    engine: str | None = None,
+) -> list[Workload]:
+    if pod is not None:
+        ns, _, name = pod.partition("/")
+        found = fleet.workload_of_pod(ns, name) if name else None
+        if found is None:
+            raise ExplainError(
+                EXIT_NOT_FOUND,
+                f"pod {pod!r} is in no ledger read (expected NAMESPACE/NAME of a GPU pod)",
+            )
+        return [found]
+    if workload is not None:
+        ns, _, name = workload.partition("/")
+        if (ns, name) not in fleet.workloads:
+            raise ExplainError(
+                EXIT_NOT_FOUND,
+                f"workload {workload!r} is in no ledger read (expected NAMESPACE/NAME)",
+            )
+        return [fleet.workloads[(ns, name)]]
+    if gpu is not None:
+        found_gpu, _doc = fleet.find_gpu(gpu)
+        uuid = found_gpu["uuid"]
+        holders = {
+            (c["namespace"], c["workload"])
+            for c in fleet.containers
+            if any(x["gpu_uuid"] == uuid for x in c["allocations"] + c["usage"])
+        }
+        return [fleet.workloads[k] for k in sorted(holders) if k in fleet.workloads]
+    if engine is not None:
+        matched = [
+            w
+            for w in fleet.workloads.values()
+            for e in w.engines
+            if engine
+            in (
+                e["model_name"],
+                f"{e['namespace']}/{e['pod']}",
+                f"{e['namespace']}/{e['pod']}:{e['engine']}",
+            )
+        ]
+        if not matched:
+            raise ExplainError(
+                EXIT_NOT_FOUND,
+                f"no engine matches {engine!r} (expected NAMESPACE/POD[:RANK] or a model name)",
+            )
+        unique: dict[tuple[str, str], Workload] = {(w.namespace, w.name): w for w in matched}
+        return list(unique.values())
+    raise ExplainError(EXIT_USAGE, "say what to explain: --pod, --gpu, --workload or --engine")
+
+
+def explain(
+    docs: Sequence[Doc], t: Thresholds | None = None, **query: str | None
+) -> dict[str, Any]:
+    fleet = Fleet(docs)
+    chosen = select(fleet, **query)
+    result: dict[str, Any] = {
+        "query": {k: v for k, v in query.items() if v is not None},
+        "workloads": [explain_workload(fleet, w, t or Thresholds()) for w in chosen],
+        "unknowns": fleet.unknowns,
+    }
+    if query.get("gpu"):
+        gpu, doc = fleet.find_gpu(str(query["gpu"]))
+        result["gpu"] = {**gpu, "node": doc["node"]}
+    return result
+
+
+STAGE_TEXT = {
+    "pending_placement": "PENDING PLACEMENT (Kubernetes/Ray cannot place it)",
+    "starting": "STARTING (placed, not serving yet)",
+    "engine_queueing": "ENGINE QUEUEING (requests wait inside the engine)",
+    "routing": "ROUTING (some replicas queue while others have headroom)",
+    "serving": "SERVING",
+    "idle": "IDLE",
+}
+
+
+def render_text(result: Mapping[str, Any]) -> str:
+    lines: list[str] = []
+    gpu = result.get("gpu")
+    if gpu:
+        lines.append(
+            f"GPU {gpu['uuid']}  index {gpu['index']} on node {gpu['node']}  {gpu['model']}  "
+            f"{_bytes(gpu['memory_used_bytes'])} / {_bytes(gpu['memory_total_bytes'])} used"
+            + ("" if gpu["up"] else f"  DOWN ({gpu['error_reason']})")
+        )
+        if not result["workloads"]:
+            lines.append("  no pod holds or uses this GPU")
+    for w in result["workloads"]:
+        lines.append(f"workload {w['namespace']}/{w['workload']}")
+        for p in w["pending"]:
+            lines.append(
+                f"  pod {p['namespace']}/{p['name']}  uid {p['uid']}  NOT PLACED: "
+                f"{p['reason']}  ({p['gpus']} GPU(s) requested)"
+            )
+        for entry in w["pods"]:
+            lines.extend(_pod_lines(entry))
+        v = w["verdict"]
+        reason = f" — {v['reason']}" if v["reason"] else ""
+        lines.append(f"  verdict: {STAGE_TEXT.get(v['stage'], v['stage'])}{reason}")
+        lines.extend(f"    evidence: {e}" for e in v["evidence"])
+        if w["discrepancies"]:
+            lines.extend(f"  ledger disagrees: {d}" for d in w["discrepancies"])
+        else:
+            lines.append("  ledger: allocations, processes and engines agree")
+    for unknown in result["unknowns"]:
+        lines.append(f"unknown: {unknown}")
+    return "\n".join(lines) + "\n"
+
+
+def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
+    pod = entry["pod"]
+    state = "Ready" if pod["ready"] else "not Ready"
+    lines = [
+        f"  pod {pod['namespace']}/{pod['name']}  uid {pod['uid']}  node {pod['node']}  "
+        f"{pod['phase']}, {state}  requests {pod['gpu_requests']} GPU(s)"
+    ]
+    for e in entry["engines"]:
+        c = e["config"]
+        status = "up" if e["up"] else "NOT ANSWERING"
+        lines.append(
+            f"    engine {e['model_name'] or '?'}  DP rank {e['engine'] or '?'}  {status}  "
+            f"TP {c.get('tensor_parallel_size', '?')} x PP {c.get('pipeline_parallel_size', '?')}"
+            f"  max_num_seqs {c.get('max_num_seqs') or '?'}  "
+            f"KV blocks {c.get('num_gpu_blocks') or '?'} x {c.get('block_size') or '?'}"
+        )
+        if e["up"]:
+            lines.append(
+                f"      queue: {e['requests_waiting']:g} waiting, {e['requests_running']:g} "
+                f"running, KV cache {(e['kv_cache_usage_ratio'] or 0) * 100:.0f}%"
+            )
+    for c in entry["containers"]:
+        lines.append(f"    container {c['container']}  id {c['container_id'][:12] or '?'}")
+        for d in c["devices"]:
+            lines.append(f"      ordinal {d['local_index']} -> {d['gpu_uuid']}  ({d['source']})")
+        if not c["allocations"] and not c["devices"]:
+            lines.append("      no GPU allocation known for this container")
+    for p in entry["processes"]:
+        held = ", ".join(
+            f"{_cuda_name(p, g['gpu_uuid'])}{g['gpu_uuid']} {_bytes(g['used_bytes'])}"
+            for g in p["gpu_memory"]
+        )
+        lines.append(
+            f"    process {p['pid']} {p['title'] or '?'}" + (f"  holds {held}" if held else "")
+        )
+    return lines
+
+
+def _cuda_name(process: Mapping[str, Any], uuid: str) -> str:
+    devices = process.get("cuda_devices") or []
+    return f"cuda:{devices.index(uuid)} = " if uuid in devices else ""
