@@ -1,0 +1,823 @@
+"""Ray source: the dashboard's HTTP state API, read with `requests`.
+
+The exporter never imports `ray` (far too heavy for the DaemonSet image); it speaks the
+dashboard's JSON instead:
+
+* ``GET /api/v0/nodes``, ``/api/v0/actors``, ``/api/v0/placement_groups`` with ``detail``,
+  ``limit``, ``timeout`` and ``filter_keys``/``filter_predicates``/``filter_values``. Each
+  answers the envelope ``{"result": bool, "msg": str, "data": {"result": {"total",
+  "num_after_truncation", "num_filtered", "result": [rows], "partial_failure_warning",
+  "warnings"}}}``; ``result: false`` (with HTTP 400/500) carries Ray's own error text.
+* ``GET /api/cluster_status`` for what is *available* per node: the state API only has
+  totals. Its ``loadMetricsReport.usageByNode`` maps node -> resource -> [used, total],
+  written by the autoscaler monitor every few seconds (so it lags a little), with keys
+  camel-cased by the dashboard (``object_store_memory`` -> ``objectStoreMemory``).
+
+Ray 2.60 answers 401 (no token) / 403 (wrong token) from local clusters, where token
+auth is on by default; the token goes in ``Authorization: Bearer``.
+
+Row fields differ across releases (2.44 lacks the label/topology fields of 2.60, int64
+proto fields such as ``num_restarts`` and the ``stats`` timestamps arrive as JSON
+strings): parsing reads only what it needs, accepts the known spellings of each field,
+and treats absent fields as unknown rather than failing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+import urllib3.exceptions
+
+from gpuledger import __version__
+from gpuledger.model import frozen_map
+from gpuledger.sources.base import SourceError
+
+T = TypeVar("T")
+
+SOURCE: Final = "ray"
+
+# Bounded vocabulary for SourceError.reason (a label value).
+REASONS: Final[tuple[str, ...]] = (
+    "unauthorized",  # 401/403: token auth on and no (or the wrong) token
+    "unreachable",  # connection refused, reset, DNS failure
+    "timeout",  # connect/read timeout, or the whole reply took past the deadline
+    "api_error",  # the envelope said result=false; the message is Ray's msg
+    "http_error",  # a non-200 status without a Ray envelope (proxy, 404, bare 500)
+    "bad_response",  # not JSON, truncated, or not the shape of a state API reply
+    "too_large",  # the body exceeded max_response_bytes
+    "invalid_address",  # --ray-address is not an http(s) URL
+)
+
+DEFAULT_TIMEOUT_SECONDS: Final = 5.0
+# The API server refuses limits above RAY_MAX_LIMIT_FROM_API_SERVER (10000 by default).
+DEFAULT_LIMIT: Final = 10000
+DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+# Ray's own error text is kept, but as one bounded line.
+MAX_MESSAGE_CHARS: Final = 200
+MAX_WARNINGS: Final = 32
+
+PENDING_PG_STATES: Final = frozenset({"PENDING", "RESCHEDULING"})
+# RESTARTING is "equivalent to PENDING_CREATION" in Ray's ActorState docs: the actor waits
+# to be placed again. DEPENDENCIES_UNREADY waits for its arguments, not for resources.
+PENDING_ACTOR_STATES: Final = frozenset({"PENDING_CREATION", "RESTARTING"})
+
+_CHUNK: Final = 64 * 1024
+_GPU: Final = "GPU"
+# Inside a placement group Ray rewrites an actor's resources to the bundle's names:
+# `GPU_group_<pg>` (any bundle) and, with a bundle index, also `GPU_group_<i>_<pg>`.
+# Both name the same GPUs, so only one family is counted.
+_GPU_WILDCARD = re.compile(r"^GPU_group_[0-9a-f]+$")
+_GPU_INDEXED = re.compile(r"^GPU_group_\d+_[0-9a-f]+$")
+_WHITESPACE = re.compile(r"\s+")
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """One Ray node (a raylet); on Kubernetes, one Ray pod."""
+
+    node_id: str
+    node_ip: str
+    # `node_name`: what `ray start --node-name` set, else the node IP.
+    hostname: str | None
+    state: str  # ALIVE | DEAD
+    is_head: bool
+    # Logical resources as Ray counts them (`num_gpus`), not what the hardware has.
+    resources_total: Mapping[str, float] = field(default_factory=frozen_map)
+    # From cluster_status; None when Ray did not report this node's usage.
+    resources_available: Mapping[str, float] | None = None
+    labels: Mapping[str, str] = field(default_factory=frozen_map)
+
+    @property
+    def gpus_total(self) -> float:
+        return self.resources_total.get(_GPU, 0.0)
+
+    @property
+    def gpus_available(self) -> float | None:
+        if self.resources_available is None:
+            return None
+        return self.resources_available.get(_GPU, 0.0)
+
+
+@dataclass(frozen=True)
+class RayActor:
+    actor_id: str
+    class_name: str
+    state: str  # DEPENDENCIES_UNREADY | PENDING_CREATION | ALIVE | RESTARTING | DEAD
+    # PID inside the worker's PID namespace (the Ray pod's); None until the actor runs.
+    pid: int | None
+    node_id: str | None
+    # Logical GPUs the actor holds (ALIVE) or asks for (pending); 0 for CPU actors.
+    num_gpus: float
+    job_id: str | None
+    placement_group_id: str | None
+    ray_namespace: str | None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class RayBundle:
+    index: int
+    gpus: float
+    # Where the bundle is reserved; None while it is not placed.
+    node_id: str | None
+
+
+@dataclass(frozen=True)
+class RayPlacementGroup:
+    pg_id: str
+    name: str | None
+    state: str  # PENDING | PREPARED | CREATED | REMOVED | RESCHEDULING
+    # stats.scheduling_state: QUEUED, NO_RESOURCES (waits for capacity held by others),
+    # INFEASIBLE (never fits this cluster), FINISHED, ...; None where not reported.
+    scheduling_state: str | None
+    # Not in the 2.60 state API rows; kept when a dashboard does send it.
+    strategy: str | None
+    bundles: tuple[RayBundle, ...] = ()
+    creator_job_id: str | None = None
+    is_detached: bool | None = None
+    # stats.creation_request_received_ns, in seconds.
+    created_timestamp_seconds: float | None = None
+
+    @property
+    def gpus(self) -> float:
+        """GPUs asked by all bundles together."""
+        return sum(b.gpus for b in self.bundles)
+
+
+@dataclass(frozen=True)
+class RaySnapshot:
+    nodes: tuple[RayNode, ...] = ()
+    actors: tuple[RayActor, ...] = ()
+    placement_groups: tuple[RayPlacementGroup, ...] = ()
+    # Non-fatal: partial failures, truncation, unreadable rows, cluster_status missing.
+    warnings: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _int(value: Any) -> int | None:
+    """An integer from JSON; int64 proto fields arrive as strings ("12502")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _text(value: Any) -> str | None:
+    """A non-empty string, else None: Ray sends "" and null alike for "not set"."""
+    if isinstance(value, str) and value:
+        return value
+    return None
+
+
+def _bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return None
+
+
+def _first(row: Mapping[str, Any], *names: str) -> Any:
+    """The first of several spellings of one field that the row has."""
+    for name in names:
+        if name in row and row[name] is not None:
+            return row[name]
+    return None
+
+
+def _resources(value: Any) -> Mapping[str, float]:
+    if not isinstance(value, Mapping):
+        return frozen_map()
+    out: dict[str, float] = {}
+    for key, raw in value.items():
+        number = _float(raw)
+        if isinstance(key, str) and number is not None:
+            out[key] = number
+    return frozen_map(out)
+
+
+def _labels(value: Any) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        return frozen_map()
+    return frozen_map({k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)})
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """Collapse whitespace and cap the length: messages become label-safe single lines."""
+    flat = _WHITESPACE.sub(" ", text).strip()
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def gpus_requested(resources: Mapping[str, float]) -> float:
+    """Logical GPUs in a resource request, including placement-group-rewritten names."""
+    if _GPU in resources:
+        return resources[_GPU]
+    wildcard = [v for k, v in resources.items() if _GPU_WILDCARD.match(k)]
+    if wildcard:
+        return sum(wildcard)
+    return sum(v for k, v in resources.items() if _GPU_INDEXED.match(k))
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def parse_node(row: Any) -> RayNode | None:
+    """One row of /api/v0/nodes; None when it has no node id."""
+    if not isinstance(row, Mapping):
+        return None
+    node_id = _text(_first(row, "node_id", "nodeId"))
+    if node_id is None:
+        return None
+    totals = _resources(_first(row, "resources_total", "resourcesTotal", "resources"))
+    is_head = _bool(_first(row, "is_head_node", "is_head", "isHeadNode"))
+    if is_head is None:
+        # Before is_head_node existed, the head carried this marker resource.
+        is_head = "node:__internal_head__" in totals
+    return RayNode(
+        node_id=node_id,
+        node_ip=_text(_first(row, "node_ip", "node_ip_address", "nodeManagerAddress")) or "",
+        hostname=_text(_first(row, "node_name", "hostname", "nodeManagerHostname")),
+        state=_text(row.get("state")) or "UNKNOWN",
+        is_head=is_head,
+        resources_total=totals,
+        labels=_labels(row.get("labels")),
+    )
+
+
+def parse_actor(row: Any) -> RayActor | None:
+    """One row of /api/v0/actors (needs detail=true for resources and placement group)."""
+    if not isinstance(row, Mapping):
+        return None
+    actor_id = _text(_first(row, "actor_id", "actorId"))
+    if actor_id is None:
+        return None
+    pid = _int(row.get("pid"))
+    resources = _resources(_first(row, "required_resources", "requiredResources"))
+    return RayActor(
+        actor_id=actor_id,
+        class_name=_text(_first(row, "class_name", "className", "actor_class")) or "",
+        state=_text(row.get("state")) or "UNKNOWN",
+        # Ray reports 0 until the worker process exists.
+        pid=pid if pid is not None and pid > 0 else None,
+        node_id=_text(_first(row, "node_id", "nodeId")),
+        num_gpus=gpus_requested(resources),
+        job_id=_text(_first(row, "job_id", "jobId")),
+        placement_group_id=_text(_first(row, "placement_group_id", "placementGroupId")),
+        ray_namespace=_text(_first(row, "ray_namespace", "rayNamespace", "namespace")),
+        name=_text(row.get("name")),
+    )
+
+
+def _bundle(position: int, raw: Any) -> RayBundle | None:
+    if not isinstance(raw, Mapping):
+        return None
+    bundle_id = raw.get("bundle_id")
+    index = _int(bundle_id.get("bundle_index")) if isinstance(bundle_id, Mapping) else None
+    resources = _resources(_first(raw, "unit_resources", "unitResources", "resources"))
+    return RayBundle(
+        index=position if index is None else index,
+        gpus=gpus_requested(resources),
+        node_id=_text(_first(raw, "node_id", "nodeId")),
+    )
+
+
+def parse_placement_group(row: Any) -> RayPlacementGroup | None:
+    """One row of /api/v0/placement_groups (needs detail=true for bundles and stats)."""
+    if not isinstance(row, Mapping):
+        return None
+    pg_id = _text(_first(row, "placement_group_id", "placementGroupId", "pg_id"))
+    if pg_id is None:
+        return None
+    stats = row.get("stats")
+    stats = stats if isinstance(stats, Mapping) else {}
+    raw_bundles = row.get("bundles")
+    bundles = tuple(
+        b
+        for b in (
+            _bundle(i, raw)
+            for i, raw in enumerate(raw_bundles if isinstance(raw_bundles, list) else [])
+        )
+        if b is not None
+    )
+    created_ns = _int(stats.get("creation_request_received_ns"))
+    return RayPlacementGroup(
+        pg_id=pg_id,
+        name=_text(row.get("name")),
+        state=_text(row.get("state")) or "UNKNOWN",
+        scheduling_state=_text(_first(stats, "scheduling_state", "schedulingState"))
+        or _text(row.get("scheduling_state")),
+        strategy=_text(row.get("strategy")),
+        bundles=bundles,
+        creator_job_id=_text(_first(row, "creator_job_id", "creatorJobId")),
+        is_detached=_bool(row.get("is_detached")),
+        created_timestamp_seconds=created_ns / 1e9 if created_ns else None,
+    )
+
+
+def list_rows(payload: Any, what: str) -> tuple[list[Any], tuple[str, ...]]:
+    """Rows and non-fatal warnings from a state API list envelope.
+
+    Raises SourceError("api_error") for `result: false` and ("bad_response") for any
+    other shape.
+    """
+    body = _envelope_data(payload, what)
+    listing = body.get("result")
+    if not isinstance(listing, Mapping) or not isinstance(listing.get("result"), list):
+        raise SourceError("bad_response", f"Ray {what}: no result list in the reply")
+    rows: list[Any] = listing["result"]
+    warnings: list[str] = []
+    partial = listing.get("partial_failure_warning")
+    if isinstance(partial, str) and partial.strip():
+        warnings.append(f"{what}: partial failure: {one_line(partial)}")
+    extra = listing.get("warnings")
+    if isinstance(extra, list):
+        warnings.extend(f"{what}: {one_line(w)}" for w in extra if isinstance(w, str) and w)
+    total = _int(listing.get("total"))
+    after_truncation = _int(listing.get("num_after_truncation"))
+    filtered = _int(listing.get("num_filtered"))
+    if total is not None and after_truncation is not None and after_truncation < total:
+        warnings.append(f"{what}: Ray truncated {total} to {after_truncation} at the source")
+    if filtered is not None and filtered > len(rows):
+        warnings.append(f"{what}: limit reached, {len(rows)} of {filtered} returned")
+    return rows, tuple(warnings)
+
+
+def _envelope_data(payload: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("result"), bool):
+        raise SourceError("bad_response", f"Ray {what}: not a dashboard reply envelope")
+    if payload["result"] is False:
+        msg = payload.get("msg")
+        text = one_line(msg) if isinstance(msg, str) and msg.strip() else "no message"
+        raise SourceError("api_error", f"Ray {what} failed: {text}")
+    data = payload.get("data")
+    if not isinstance(data, Mapping):
+        raise SourceError("bad_response", f"Ray {what}: no data in the reply")
+    return data
+
+
+def _camel(name: str) -> str:
+    # The dashboard's to_camel_case, applied to cluster_status keys (resource names too).
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def usage_by_node(payload: Any) -> Mapping[str, Mapping[str, tuple[float, float]]]:
+    """node key -> camel-cased resource -> (used, total), from /api/cluster_status."""
+    data = _envelope_data(payload, "cluster_status")
+    status = data.get("clusterStatus")
+    report = status.get("loadMetricsReport") if isinstance(status, Mapping) else None
+    by_node = report.get("usageByNode") if isinstance(report, Mapping) else None
+    if not isinstance(by_node, Mapping):
+        return frozen_map()
+    out: dict[str, Mapping[str, tuple[float, float]]] = {}
+    for key, usage in by_node.items():
+        if not isinstance(key, str) or not isinstance(usage, Mapping):
+            continue
+        pairs: dict[str, tuple[float, float]] = {}
+        for resource, pair in usage.items():
+            if isinstance(pair, list) and len(pair) == 2:
+                used, total = _float(pair[0]), _float(pair[1])
+                if used is not None and total is not None:
+                    pairs[resource] = (used, total)
+        out[key] = frozen_map(pairs)
+    return frozen_map(out)
+
+
+def with_available(
+    node: RayNode, usage: Mapping[str, Mapping[str, tuple[float, float]]]
+) -> RayNode:
+    """The node with resources_available filled from cluster_status usage, if reported."""
+    # Keyed by node id today; older autoscalers keyed it by node IP.
+    pairs = usage.get(node.node_id) or usage.get(node.node_ip)
+    if pairs is None:
+        return node
+    available: dict[str, float] = {}
+    for name in node.resources_total:
+        pair = pairs.get(_camel(name))
+        if pair is not None:
+            used, total = pair
+            available[name] = max(0.0, total - used)
+    return RayNode(
+        node_id=node.node_id,
+        node_ip=node.node_ip,
+        hostname=node.hostname,
+        state=node.state,
+        is_head=node.is_head,
+        resources_total=node.resources_total,
+        resources_available=frozen_map(available),
+        labels=node.labels,
+    )
+
+
+def _parse_all(
+    rows: Iterable[Any], parse: Callable[[Any], T | None], what: str
+) -> tuple[tuple[T, ...], tuple[str, ...]]:
+    parsed: list[T] = []
+    skipped = 0
+    for row in rows:
+        item = parse(row)
+        if item is None:
+            skipped += 1
+        else:
+            parsed.append(item)
+    warnings = (f"{what}: skipped {skipped} unreadable rows",) if skipped else ()
+    return tuple(parsed), warnings
+
+
+# --------------------------------------------------------------------------- client
+
+
+def safe_url(url: str) -> str:
+    """The URL without userinfo, query or fragment: fit for messages and logs."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{host}:{parts.port}" if parts.port else host
+    except ValueError:
+        return "<invalid URL>"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _base_url(address: str) -> str:
+    text = address.strip()
+    if "://" not in text:
+        text = "http://" + text  # `--ray-address head-svc:8265` as people type it
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        raise SourceError("invalid_address", "--ray-address is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SourceError(
+            "invalid_address", "--ray-address must be an http(s) URL of the Ray dashboard"
+        )
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _has_cause(exc: BaseException, *types: type[BaseException]) -> bool:
+    """Whether `exc` or anything it wraps is one of `types`.
+
+    requests wraps urllib3, which wraps the OSError: through args, `.reason`, and the
+    cause/context chain, depending on the layer.
+    """
+    pending: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, types):
+            return True
+        linked = [*current.args, getattr(current, "reason", None)]
+        linked += [current.__cause__, current.__context__]
+        pending.extend(x for x in linked if isinstance(x, BaseException))
+    return False
+
+
+class RayStateClient:
+    """Reads Ray's state API. Every failure is a SourceError; nothing else escapes.
+
+    One client per `--ray-address`; it keeps one HTTP session (keep-alive) and is used
+    from one thread at a time (the source runner's). `timeout_seconds` bounds each
+    request: connecting, every read, and the whole body; fetch_cluster makes four.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        limit: int = DEFAULT_LIMIT,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
+        self.base_url = _base_url(address)
+        self.timeout_seconds = timeout_seconds
+        self.limit = limit
+        self.max_response_bytes = max_response_bytes
+        self._headers = {
+            "Accept": "application/json",
+            "User-Agent": f"gpuledger/{__version__}",
+        }
+        # The file may end in a newline; the token itself never reaches a log or message.
+        secret = (token or "").strip()
+        if secret:
+            self._headers["Authorization"] = f"Bearer {secret}"
+        self._session = requests.Session()
+        # No proxies or ~/.netrc from the environment: the dashboard is in-cluster, and a
+        # netrc entry would silently replace the Authorization header.
+        self._session.trust_env = False
+
+    def __repr__(self) -> str:
+        return f"RayStateClient({safe_url(self.base_url)!r})"
+
+    def close(self) -> None:
+        self._session.close()
+
+    # ---- public fetches
+
+    def fetch_nodes(self) -> tuple[RayNode, ...]:
+        return self._nodes()[0]
+
+    def fetch_actors(
+        self, node_id: str | None = None, state: str | None = None
+    ) -> tuple[RayActor, ...]:
+        filters: list[tuple[str, str, str]] = []
+        if node_id is not None:
+            filters.append(("node_id", "=", node_id))
+        if state is not None:
+            filters.append(("state", "=", state))
+        return self._actors(filters)[0]
+
+    def fetch_placement_groups(self) -> tuple[RayPlacementGroup, ...]:
+        return self._placement_groups([])[0]
+
+    def fetch_cluster(
+        self, node_id: str | None = None, placement_groups: bool = True
+    ) -> RaySnapshot:
+        """Nodes (with availability), live actors and live placement groups.
+
+        DEAD actors and REMOVED placement groups are filtered out by the server: they
+        hold nothing and pile up in long-lived clusters. `node_id` restricts actors to
+        one Ray node (node mode); `placement_groups=False` skips them (node mode too).
+        """
+        nodes, warnings = self._nodes()
+        usage, usage_warnings = self._usage()
+        if usage is not None:
+            nodes = tuple(with_available(n, usage) for n in nodes)
+        actor_filters = [("state", "!=", "DEAD")]
+        if node_id is not None:
+            actor_filters.append(("node_id", "=", node_id))
+        actors, actor_warnings = self._actors(actor_filters)
+        groups: tuple[RayPlacementGroup, ...] = ()
+        group_warnings: tuple[str, ...] = ()
+        if placement_groups:
+            groups, group_warnings = self._placement_groups([("state", "!=", "REMOVED")])
+        all_warnings = (*warnings, *usage_warnings, *actor_warnings, *group_warnings)
+        return RaySnapshot(
+            nodes=nodes,
+            actors=actors,
+            placement_groups=groups,
+            warnings=all_warnings[:MAX_WARNINGS],
+        )
+
+    # ---- per kind
+
+    def _nodes(self) -> tuple[tuple[RayNode, ...], tuple[str, ...]]:
+        # Nodes need no detail: detail only adds start/end times.
+        rows, warnings = list_rows(self._get("/api/v0/nodes", self._list_params([])), "nodes")
+        nodes, skipped = _parse_all(rows, parse_node, "nodes")
+        return nodes, warnings + skipped
+
+    def _actors(
+        self, filters: Sequence[tuple[str, str, str]]
+    ) -> tuple[tuple[RayActor, ...], tuple[str, ...]]:
+        # detail=true: required_resources and placement_group_id are detail-only columns.
+        params = self._list_params(filters, detail=True)
+        rows, warnings = list_rows(self._get("/api/v0/actors", params), "actors")
+        actors, skipped = _parse_all(rows, parse_actor, "actors")
+        return actors, warnings + skipped
+
+    def _placement_groups(
+        self, filters: Sequence[tuple[str, str, str]]
+    ) -> tuple[tuple[RayPlacementGroup, ...], tuple[str, ...]]:
+        # detail=true: bundles and stats (scheduling_state) are detail-only columns.
+        params = self._list_params(filters, detail=True)
+        rows, warnings = list_rows(
+            self._get("/api/v0/placement_groups", params), "placement_groups"
+        )
+        groups, skipped = _parse_all(rows, parse_placement_group, "placement_groups")
+        return groups, warnings + skipped
+
+    def _usage(
+        self,
+    ) -> tuple[Mapping[str, Mapping[str, tuple[float, float]]] | None, tuple[str, ...]]:
+        """Per-node usage, or None with a warning: availability is optional."""
+        try:
+            return usage_by_node(self._get("/api/cluster_status", [])), ()
+        except SourceError as exc:
+            if exc.reason == "unauthorized":
+                raise
+            return None, (f"cluster_status: {exc.message}",)
+
+    def _list_params(
+        self, filters: Sequence[tuple[str, str, str]], detail: bool = False
+    ) -> list[tuple[str, str]]:
+        params = [
+            ("limit", str(self.limit)),
+            # The server's own deadline for its GCS/raylet queries, in whole seconds.
+            ("timeout", str(max(1, math.ceil(self.timeout_seconds)))),
+        ]
+        if detail:
+            params.append(("detail", "true"))
+        for key, predicate, value in filters:
+            params += [
+                ("filter_keys", key),
+                ("filter_predicates", predicate),
+                ("filter_values", value),
+            ]
+        return params
+
+    # ---- HTTP
+
+    def _get(self, path: str, params: list[tuple[str, str]]) -> Any:
+        url = self.base_url + path
+        where = safe_url(url)
+        deadline = time.monotonic() + self.timeout_seconds
+        try:
+            response = self._session.get(
+                url,
+                params=params,
+                headers=self._headers,
+                timeout=(self.timeout_seconds, self.timeout_seconds),
+                stream=True,
+                allow_redirects=False,  # never replay the token to another host
+            )
+        except requests.RequestException as exc:
+            raise self._transport_error(exc, where) from None
+        with response:
+            status = response.status_code
+            if status in (401, 403):
+                raise self._unauthorized(status, where)
+            try:
+                body = self._read(response, deadline, where)
+            except requests.RequestException as exc:
+                raise self._transport_error(exc, where) from None
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            if status != 200:
+                raise SourceError("http_error", f"HTTP {status} from {where}") from None
+            raise SourceError("bad_response", f"{where} did not answer JSON") from None
+        if status != 200 and not (isinstance(payload, Mapping) and payload.get("result") is False):
+            raise SourceError("http_error", f"HTTP {status} from {where}")
+        return payload
+
+    def _read(self, response: requests.Response, deadline: float, where: str) -> bytes:
+        declared = response.headers.get("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_response_bytes:
+            raise self._too_large(where)
+        chunks: list[bytes] = []
+        size = 0
+        # A server dripping bytes would reset the read timeout forever: bound the total.
+        for chunk in response.iter_content(chunk_size=_CHUNK):
+            size += len(chunk)
+            if size > self.max_response_bytes:
+                raise self._too_large(where)
+            if time.monotonic() > deadline:
+                raise SourceError(
+                    "timeout", f"{where} took longer than {self.timeout_seconds:g}s to answer"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, where: str) -> SourceError:
+        mib = self.max_response_bytes / (1024 * 1024)
+        return SourceError("too_large", f"{where} answered more than {mib:g} MiB")
+
+    def _unauthorized(self, status: int, where: str) -> SourceError:
+        if "Authorization" in self._headers:
+            return SourceError(
+                "unauthorized",
+                f"{where} rejected the token (HTTP {status}): --ray-token-file does not hold "
+                "this Ray cluster's auth token",
+            )
+        return SourceError(
+            "unauthorized",
+            f"{where} requires a token (HTTP {status}): Ray 2.60 enables token auth by "
+            "default; pass the cluster's token with --ray-token-file, or run the cluster "
+            "with RAY_AUTH_MODE=disabled",
+        )
+
+    def _transport_error(self, exc: requests.RequestException, where: str) -> SourceError:
+        # Only the exception type reaches the message: its text can quote URLs or bodies.
+        # A stall mid-body surfaces as a ConnectionError wrapping urllib3's read timeout.
+        # (Not urllib3's TimeoutError base: NewConnectionError, i.e. refused, is one too.)
+        if isinstance(exc, requests.exceptions.Timeout) or _has_cause(
+            exc, TimeoutError, urllib3.exceptions.ReadTimeoutError
+        ):
+            return SourceError(
+                "timeout", f"no answer from {where} within {self.timeout_seconds:g}s"
+            )
+        if isinstance(
+            exc, requests.exceptions.ChunkedEncodingError | requests.exceptions.ContentDecodingError
+        ):
+            return SourceError("bad_response", f"{where} sent a truncated or undecodable body")
+        if isinstance(exc, requests.exceptions.ConnectionError):
+            detail = (
+                "connection refused"
+                if _has_cause(exc, ConnectionRefusedError)
+                else type(exc).__name__
+            )
+            return SourceError(
+                "unreachable", f"cannot reach the Ray dashboard at {where}: {detail}"
+            )
+        if isinstance(exc, requests.exceptions.InvalidURL | requests.exceptions.MissingSchema):
+            return SourceError("invalid_address", f"invalid Ray dashboard URL {where}")
+        return SourceError("unreachable", f"request to {where} failed: {type(exc).__name__}")
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def gpu_actor_counts(snapshot: RaySnapshot) -> Mapping[tuple[str, str], float]:
+    """Logical GPUs held (ALIVE) or asked (pending) by GPU actors, by (class_name, state).
+
+    DEAD actors hold nothing and are left out.
+    """
+    counts: dict[tuple[str, str], float] = {}
+    for actor in snapshot.actors:
+        if actor.num_gpus <= 0 or actor.state == "DEAD":
+            continue
+        key = (actor.class_name, actor.state)
+        counts[key] = counts.get(key, 0.0) + actor.num_gpus
+    return frozen_map(counts)
+
+
+def pending_gpus(snapshot: RaySnapshot) -> Mapping[str, float]:
+    """GPUs asked by Ray work that is not placed, by kind (placement_group / actor).
+
+    A placement group in PENDING counts all its bundles; in RESCHEDULING only bundles that
+    lost their node. An actor counts when it is pending and belongs to no placement group
+    in the snapshot: an actor inside a group asks for the group's bundle, which is either
+    counted with the group (pending) or already reserved (created) - never twice.
+    """
+    by_kind = {"placement_group": 0.0, "actor": 0.0}
+    group_ids = {g.pg_id for g in snapshot.placement_groups}
+    for group in snapshot.placement_groups:
+        if group.state == "PENDING":
+            by_kind["placement_group"] += group.gpus
+        elif group.state == "RESCHEDULING":
+            by_kind["placement_group"] += sum(b.gpus for b in group.bundles if b.node_id is None)
+    for actor in snapshot.actors:
+        if actor.state not in PENDING_ACTOR_STATES or actor.num_gpus <= 0:
+            continue
+        if actor.placement_group_id is not None and actor.placement_group_id in group_ids:
+            continue
+        by_kind["actor"] += actor.num_gpus
+    return frozen_map(by_kind)
+
+
+def placement_group_counts(snapshot: RaySnapshot) -> Mapping[tuple[str, str], int]:
+    """Placement groups by (state, scheduling_state); "" where Ray gave no scheduling state."""
+    counts: dict[tuple[str, str], int] = {}
+    for group in snapshot.placement_groups:
+        key = (group.state, group.scheduling_state or "")
+        counts[key] = counts.get(key, 0) + 1
+    return frozen_map(counts)
+
+
+def node_for_pod(nodes: Iterable[RayNode], pod_ip: str, pod_name: str) -> RayNode | None:
+    """The live Ray node that is this pod: node IP = pod IP, else node_name = pod name.
+
+    DEAD nodes are skipped: a restarted pod keeps its name (and may get its old IP back)
+    while Ray keeps the previous incarnation's node in its table.
+    """
+    alive = [n for n in nodes if n.state == "ALIVE"]
+    if pod_ip:
+        for node in alive:
+            if node.node_ip == pod_ip:
+                return node
+    if pod_name:
+        for node in alive:
+            if node.hostname == pod_name:
+                return node
+    return None
