@@ -77,6 +77,8 @@ class Run:
     def expected_up(self) -> set[str]:
         config = self.pipeline.config
         wanted = {"kubernetes"} if config.kubernetes else set()
+        if config.ray_address and self.scenario.ray and self.scenario.ray.fault == "ok":
+            wanted.add("ray")
         if config.mode == "node":
             wanted |= {"nvml", "procfs"}
             if config.podresources_socket and self.scenario.podresources_fault == "ok":

@@ -163,6 +163,28 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         "(env GPULEDGER_VLLM_DISCOVERY; default %(default)s)",
     )
     p.add_argument(
+        "--ray-address",
+        default=_env("RAY_ADDRESS"),
+        metavar="URL",
+        help="Ray dashboard URL for the state API, e.g. http://raycluster-head-svc.ml:8265 "
+        "(env GPULEDGER_RAY_ADDRESS)",
+    )
+    p.add_argument(
+        "--ray-token-file",
+        default=_env("RAY_TOKEN_FILE"),
+        metavar="PATH",
+        help="file holding the Ray auth token; Ray 2.60 enables token auth by default "
+        "(env GPULEDGER_RAY_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--ray-workload",
+        default=_env("RAY_WORKLOAD"),
+        metavar="NS/NAME",
+        help="cluster mode: the workload Ray's pending work belongs to; default derived from "
+        "a KubeRay head service address (<cluster>-head-svc.<namespace>) "
+        "(env GPULEDGER_RAY_WORKLOAD)",
+    )
+    p.add_argument(
         "--node-name",
         default=_env("NODE_NAME") or os.environ.get("NODE_NAME") or socket.gethostname(),
         help="value of the node label (env GPULEDGER_NODE_NAME, else NODE_NAME, else hostname; "
@@ -345,6 +367,31 @@ def _list(flag: list[str] | None, env: str, default: str = "") -> tuple[str, ...
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
 
 
+def ray_workload(address: str | None, explicit: str | None) -> tuple[str, str]:
+    """(namespace, workload) for cluster-mode Ray series."""
+    if explicit:
+        namespace, _, name = explicit.rpartition("/")
+        return namespace, name
+    host = (address or "").split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+    first, _, rest = host.partition(".")
+    if first.endswith("-head-svc"):
+        # KubeRay names the head service <cluster>-head-svc in the cluster's namespace.
+        return rest.split(".", 1)[0] if rest else "", first.removesuffix("-head-svc")
+    return "", "ray"
+
+
+def _read_token(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        # The path is a flag value; the file's content never appears in a message.
+        print(f"gpuledger: error: cannot read --ray-token-file {path}: {exc.strerror}",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
 def serve_config(args: argparse.Namespace) -> PipelineConfig:
     kubernetes = args.kubernetes == "on" or (
         args.kubernetes == "auto"
@@ -366,6 +413,9 @@ def serve_config(args: argparse.Namespace) -> PipelineConfig:
         vllm_targets=_list(args.vllm_target, "VLLM_TARGETS"),
         vllm_discovery=args.vllm_discovery == "on",
         pending_all_pods=args.pending_all_pods,
+        ray_address=args.ray_address,
+        ray_token=_read_token(args.ray_token_file),
+        ray_workload=ray_workload(args.ray_address, args.ray_workload),
     )
 
 

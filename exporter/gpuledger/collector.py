@@ -251,6 +251,81 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (up, requests, by_reason, kv, preemptions, config, gpu, gpus, max_seqs)
 
 
+def ray_families(ledger: Ledger) -> Iterator[Metric]:
+    node = ledger.node
+    nodes = _gauge(
+        "gpuledger_ray_node_gpus",
+        "GPUs of a Ray node that is this pod: Ray's logical total and available, and the "
+        "GPUs Kubernetes allocated to the pod (state=allocated).",
+        ["namespace", "pod", "pod_uid", "ray_node_id", "state"],
+    )
+    actors = _gauge(
+        "gpuledger_ray_actor_gpus",
+        "Logical GPUs held (ALIVE) or asked (pending) by Ray actors on this Ray node.",
+        [*POD_LABELS, "class_name", "state"],
+    )
+    without = _gauge(
+        "gpuledger_ray_actors_without_gpu_memory",
+        "ALIVE Ray actors with num_gpus > 0 whose process holds no GPU memory (NVML).",
+        [*POD_LABELS, "class_name"],
+    )
+    memory = _gauge(
+        "gpuledger_ray_actor_gpu_memory_used_bytes",
+        "GPU memory held by Ray actors' processes (actor PID -> host PID by NSpid -> NVML).",
+        ["gpu_uuid", "namespace", "pod", "pod_uid", "class_name"],
+    )
+    ray = ledger.ray
+    if ray is not None:
+        for view in ray.nodes:
+            ids = _ray_pod(view.pod)
+            for state, gpus in (
+                ("total", view.node.gpus_total),
+                ("available", view.node.gpus_available),
+                ("allocated", view.gpus_allocated),
+            ):
+                if gpus is not None:
+                    nodes.add_metric([node, *ids, view.node.node_id, state], gpus)
+        for row in ray.actor_gpus:
+            values = [node, *_ray_pod(row.node.pod), _workload(row.node.pod)]
+            actors.add_metric([*values, row.class_name, row.state], row.gpus)
+            if row.without_memory is not None:
+                without.add_metric([*values, row.class_name], row.without_memory)
+        for m in ray.actor_memory:
+            memory.add_metric([node, m.gpu_uuid, *_ray_pod(m.node.pod), m.class_name], m.used_bytes)
+    yield from (nodes, actors, without, memory)
+
+
+def ray_cluster_families(ledger: Ledger) -> Iterator[Metric]:
+    node = ledger.node
+    groups = _gauge(
+        "gpuledger_ray_placement_groups",
+        "Ray placement groups by state and scheduling state (NO_RESOURCES waits for "
+        "resources others hold; INFEASIBLE never fits the cluster).",
+        ["namespace", "workload", "state", "scheduling_state"],
+    )
+    pending = _gauge(
+        "gpuledger_ray_pending_gpus",
+        "GPUs asked by Ray work that is not placed: placement groups and actors.",
+        ["namespace", "workload", "kind"],
+    )
+    cluster = ledger.ray_cluster
+    if cluster is not None:
+        ids = [node, cluster.namespace, cluster.workload]
+        for (state, scheduling), count in sorted(cluster.placement_groups.items()):
+            groups.add_metric([*ids, state, scheduling], count)
+        for kind in ("placement_group", "actor"):
+            pending.add_metric([*ids, kind], cluster.pending_gpus.get(kind, 0.0))
+    yield from (groups, pending)
+
+
+def _ray_pod(pod: PodInfo | None) -> list[str]:
+    return [pod.namespace, pod.name, pod.uid] if pod is not None else ["", "", ""]
+
+
+def _workload(pod: PodInfo | None) -> str:
+    return pod.workload if pod is not None else ""
+
+
 def self_families(published: Published, now: float) -> Iterator[Metric]:
     ledger = published.ledger
     node = ledger.node
@@ -302,6 +377,8 @@ class LedgerCollector(Collector):
             yield from container_families(ledger)
             yield from kubernetes_families(ledger)
             yield from engine_families(ledger)
+            yield from ray_families(ledger)
         else:
             yield from pending_families(ledger)
+            yield from ray_cluster_families(ledger)
         yield from self_families(published, now)

@@ -9,6 +9,7 @@ waits on any of it: it renders the last published ledger.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections import Counter
@@ -18,12 +19,15 @@ from typing import Any, TypeVar
 
 from gpuledger.collector import Published
 from gpuledger.ledger import Ledger, build_ledger
+from gpuledger.ledger.ray import RayCluster, build_ray_cluster
 from gpuledger.model import NvmlSnapshot, ProcSnapshot, SourceStatus
 from gpuledger.sources import nvml, procfs
 from gpuledger.sources import podresources as podres
 from gpuledger.sources.base import DISABLED, SourceRunner, Started
 from gpuledger.sources.kubernetes import SOURCE as KUBERNETES
 from gpuledger.sources.kubernetes import PodInfo, PodInformer, PodsSnapshot
+from gpuledger.sources.ray import SOURCE as RAY
+from gpuledger.sources.ray import RayNode, RaySnapshot, RayStateClient, node_for_pod
 from gpuledger.sources.vllm import SOURCE as VLLM
 from gpuledger.sources.vllm import EngineTarget, VllmScraper, VllmSnapshot
 
@@ -54,6 +58,10 @@ class PipelineConfig:
     vllm_discovery: bool = True
     vllm_timeout_seconds: float = 3.0
     vllm_max_body_bytes: int = 8 * 1024 * 1024
+    ray_address: str | None = None
+    ray_token: str | None = field(default=None, repr=False)  # never printed
+    # Cluster mode: the (namespace, workload) Ray's pending work is attributed to.
+    ray_workload: tuple[str, str] = ("", "ray")
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,6 +90,39 @@ def vllm_targets(pods: Sequence[PodInfo], static: Sequence[str]) -> tuple[Engine
         host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
         targets.append(_target(url, by_ip.get(host), "static"))
     return tuple(targets)
+
+
+LocalRay = tuple[tuple[RaySnapshot, RayNode, PodInfo | None], ...]
+RayResult = LocalRay | RayCluster
+
+
+def local_ray_nodes(
+    nodes: Sequence[RayNode], pods: Sequence[PodInfo] | None
+) -> list[tuple[RayNode, PodInfo | None]]:
+    """The Ray nodes that run here: pods on this node (by IP, else name), or, outside
+    Kubernetes, the node with this host's name (or the only node)."""
+    if pods is not None:
+        found: list[tuple[RayNode, PodInfo | None]] = []
+        for pod in pods:
+            if pod.phase == "Running" and pod.pod_ip:
+                node = node_for_pod(nodes, pod.pod_ip, pod.name)
+                if node is not None:
+                    found.append((node, pod))
+        return found
+    alive = [n for n in nodes if n.state == "ALIVE"]
+    here = socket.gethostname()
+    mine = [n for n in alive if n.hostname == here]
+    return [(n, None) for n in (mine or (alive if len(alive) == 1 else []))]
+
+
+def fetch_local_ray(client: RayStateClient, pods: Sequence[PodInfo] | None) -> LocalRay:
+    """Node mode: one state-API read of the nodes, then the actors of each local Ray node."""
+    result = []
+    for node, pod in local_ray_nodes(client.fetch_nodes(), pods):
+        snapshot = client.fetch_cluster(node_id=node.node_id, placement_groups=False)
+        fresh = next((n for n in snapshot.nodes if n.node_id == node.node_id), node)
+        result.append((snapshot, fresh, pod))
+    return tuple(result)
 
 
 def _target(url: str, pod: PodInfo | None, origin: Any) -> EngineTarget:
@@ -125,6 +166,14 @@ class Pipeline:
                     max_body_bytes=config.vllm_max_body_bytes,
                 )
                 self._closers.append(self._vllm.close)
+        self._ray: RayStateClient | None = None
+        if config.ray_address:
+            self._ray = RayStateClient(
+                config.ray_address,
+                token=config.ray_token,
+                timeout_seconds=max(0.1, deadline * 0.8),
+            )
+            self._closers.append(self._ray.close)
         if config.kubernetes:
             self._informer = PodInformer(
                 "node" if config.mode == "node" else "cluster",
@@ -134,7 +183,7 @@ class Pipeline:
                 pending_gpu_only=config.mode == "cluster" and not config.pending_all_pods,
             )
             self._closers.append(self._informer.stop)
-        for name in (nvml.SOURCE, procfs.SOURCE, podres.SOURCE, KUBERNETES, VLLM):
+        for name in (nvml.SOURCE, procfs.SOURCE, podres.SOURCE, KUBERNETES, VLLM, RAY):
             self._runners[name] = SourceRunner(name, deadline)
         self._known_engines: dict[str, list[tuple[str, str]]] = {}
         self._errors: Counter[tuple[str, str]] = Counter()
@@ -174,15 +223,23 @@ class Pipeline:
             procfs.SOURCE, (lambda: proc_fetch(pids)) if proc_fetch else None
         )
         vllm_started = self._start_vllm(pods_snap)
+        ray_started = self._start_ray(pods_snap)
         proc_snap, proc_status = proc_started.wait()
         vllm_snap, vllm_status = vllm_started.wait()
+        ray_result, ray_status = ray_started.wait()
 
         node_mode = self.config.mode == "node"
-        statuses = tuple(
-            s
-            for s in (nvml_status, proc_status, podres_status, pods_status, vllm_status)
-            if node_mode or s.source == KUBERNETES
+        all_statuses = (
+            nvml_status,
+            proc_status,
+            podres_status,
+            pods_status,
+            vllm_status,
+            ray_status,
         )
+        statuses = tuple(s for s in all_statuses if node_mode or s.source in (KUBERNETES, RAY))
+        ray_local = ray_result if node_mode and isinstance(ray_result, tuple) else None
+        ray_cluster = ray_result if isinstance(ray_result, RayCluster) else None
         ledger = build_ledger(
             node=self.config.node,
             mode=self.config.mode,
@@ -195,6 +252,8 @@ class Pipeline:
             vllm=vllm_snap,
             known_engines=dict(self._known_engines),
             pending=None if node_mode else pods_snap,
+            ray_local=ray_local,
+            ray_cluster=ray_cluster,
         )
         self._remember_engines(vllm_snap)
         self._account(statuses, started)
@@ -207,6 +266,18 @@ class Pipeline:
         discovered = pods.pods if pods is not None and self.config.vllm_discovery else ()
         targets = vllm_targets(discovered, self.config.vllm_targets)
         return self._runners[VLLM].start(lambda: scraper.fetch(targets))
+
+    def _start_ray(self, pods: PodsSnapshot | None) -> Started[RayResult]:
+        client = self._ray
+        if client is None:
+            return Started.disabled(RAY)
+        if self.config.mode == "cluster":
+            namespace, workload = self.config.ray_workload
+            return self._runners[RAY].start(
+                lambda: build_ray_cluster(client.fetch_cluster(), namespace, workload)
+            )
+        local_pods = pods.pods if pods is not None else None
+        return self._runners[RAY].start(lambda: fetch_local_ray(client, local_pods))
 
     def _remember_engines(self, snapshot: VllmSnapshot | None) -> None:
         if snapshot is None:

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 from gpuledger.identity.devices import HostGpu, container_device_map
 from gpuledger.ledger.engines import Engine, build_engines
+from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_local
 from gpuledger.model import Gpu, NvmlSnapshot, ProcessInfo, ProcSnapshot, SourceStatus
 from gpuledger.sources.kubernetes import PodInfo, PodsSnapshot
 from gpuledger.sources.podresources import PodResourcesSnapshot
+from gpuledger.sources.ray import RayNode, RaySnapshot
 from gpuledger.sources.vllm import VllmSnapshot
 
 SHORT_ID = 12  # container ID length people know from `crictl ps` / `docker ps`
@@ -117,6 +119,8 @@ class Ledger:
     pending: tuple[PodInfo, ...] = ()
     # What could not be known this cycle and why, for explain and /ledger.json.
     unknowns: tuple[str, ...] = field(default_factory=tuple)
+    ray: RayLocal | None = None
+    ray_cluster: RayCluster | None = None
 
 
 class _Pods:
@@ -295,6 +299,8 @@ def build_ledger(
     vllm: VllmSnapshot | None = None,
     known_engines: Mapping[str, Sequence[tuple[str, str]]] | None = None,
     pending: PodsSnapshot | None = None,
+    ray_local: Sequence[tuple[RaySnapshot, RayNode, PodInfo | None]] | None = None,
+    ray_cluster: RayCluster | None = None,
 ) -> Ledger:
     gpus = nvml.gpus if nvml else ()
     host = host_gpus(gpus)
@@ -356,6 +362,19 @@ def build_ledger(
         for ref, uuid in sorted(usage_bytes)
     )
     gpu_by_pid = {pid: [uuid for uuid, _ in held] for pid, held in memory_by_pid.items()}
+    allocated_by_pod: dict[str, int] | None = None
+    if podresources is not None and pods is not None:
+        allocated_by_pod = defaultdict(int)
+        for a in allocations:
+            allocated_by_pod[a.container.pod_uid] += 1
+    ray = None
+    if ray_local is not None:
+        ray = build_ray_local(
+            ray_local,
+            process_table if procs is not None and nvml is not None else None,
+            memory_by_pid,
+            allocated_by_pod,
+        )
     return Ledger(
         node=node,
         mode=mode,
@@ -378,6 +397,8 @@ def build_ledger(
         engines=build_engines(vllm, process_table, gpu_by_pid, known_engines or {}),
         pending=tuple(sorted(pending.pods, key=lambda p: (p.namespace, p.name)) if pending else ()),
         unknowns=_unknowns(sources),
+        ray=ray,
+        ray_cluster=ray_cluster,
     )
 
 
@@ -387,6 +408,7 @@ _MISSING = {
     "kubernetes": "no Kubernetes API: pod names, workloads and readiness unknown",
     "podresources": "no PodResources: allocation unknown",
     "vllm": "no vLLM scrape: engine queues unknown",
+    "ray": "no Ray state API: logical GPUs, actors and placement groups unknown",
 }
 
 

@@ -26,6 +26,13 @@ from gpuledger.sim.fake_nvml import (
     build_fake_nvml,
     write_state,
 )
+from gpuledger.sim.fake_ray import (
+    FakeRayDashboard,
+    actor_entry,
+    node_entry,
+    placement_group_entry,
+    ray_id,
+)
 from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
 from gpuledger.sim.scenario import Scenario, SimPod, SimProcess, SimVllm
 
@@ -132,6 +139,14 @@ def pod_object(pod: SimPod, ip: str | None, vllm_port: int | None) -> dict[str, 
     )
 
 
+def _ray_workload(scenario: Scenario) -> tuple[str, str]:
+    text = scenario.ray.workload if scenario.ray is not None else None
+    if not text:
+        return "", "ray"
+    namespace, _, name = str(text).rpartition("/")
+    return namespace, name
+
+
 def fake_engines(sim: SimVllm) -> list[FakeEngine]:
     return [
         FakeEngine(
@@ -170,6 +185,7 @@ class SimulatedNode:
         self.kubelet: FakeKubelet | None = None
         self.engines: dict[str, FakeVllmServer] = {}
         self._socket_dir: str | None = None
+        self.ray: FakeRayDashboard | None = None
         self._pods: dict[str, SimPod] = {}
         try:
             self._start_services(scenario)
@@ -190,6 +206,8 @@ class SimulatedNode:
         if scenario.pods is not None:
             self.apiserver = FakeApiServer().start()
             self.kubeconfig = self.apiserver.kubeconfig(self.workdir / "kubeconfig")
+        if scenario.ray is not None:
+            self.ray = FakeRayDashboard(token=scenario.ray.token).start()
         if scenario.allocations is not None:
             # Unix socket paths are limited to 107 bytes: keep this one short.
             self._socket_dir = tempfile.mkdtemp(prefix="gl-", dir="/tmp")
@@ -209,6 +227,54 @@ class SimulatedNode:
             self._sync_pods(state)
         if self.kubelet is not None:
             self._sync_allocations(state)
+        if self.ray is not None:
+            self._sync_ray(state)
+
+    def _sync_ray(self, state: Scenario) -> None:
+        assert self.ray is not None and state.ray is not None
+        sim = state.ray
+        pods = {p.key: p for p in state.pods or ()}
+        ids = {n.name: ray_id("node", f"{self.scenario.node}/{n.name}") for n in sim.nodes}
+        nodes = []
+        for i, n in enumerate(sim.nodes):
+            pod = pods.get(n.pod) if n.pod else None
+            ip = (pod.pod_ip if pod else None) or n.ip or f"10.244.{i // 250}.{i % 250 + 2}"
+            nodes.append(
+                node_entry(
+                    ip,
+                    gpus=n.gpus,
+                    is_head=n.head,
+                    node_id=ids[n.name],
+                    node_name=pod.name if pod else n.name,
+                )
+            )
+        groups = {
+            g.name: placement_group_entry(
+                g.name,
+                [{"GPU": b} for b in g.bundles],
+                state=g.state,
+                scheduling_state=g.scheduling_state,
+            )
+            for g in sim.placement_groups
+        }
+        actors = [
+            actor_entry(
+                a.class_name,
+                state=a.state,
+                node_id=ids.get(a.node) if a.node else None,
+                pid=a.pid,
+                num_gpus=a.num_gpus,
+                name=f"{a.class_name}-{i}",
+                placement_group_id=groups[a.placement_group]["placement_group_id"]
+                if a.placement_group in groups
+                else None,
+            )
+            for i, a in enumerate(sim.actors)
+        ]
+        self.ray.set_nodes(nodes)
+        self.ray.set_actors(actors)
+        self.ray.set_placement_groups(list(groups.values()))
+        self.ray.set_fault(sim.fault)  # type: ignore[arg-type]
 
     def _sync_pods(self, state: Scenario) -> None:
         assert self.apiserver is not None
@@ -256,9 +322,14 @@ class SimulatedNode:
             vllm_targets=tuple(
                 self.engines[v.key].url for v in self.scenario.vllm if v.pod is None
             ),
+            ray_address=self.ray.url if self.ray is not None else None,
+            ray_token=self.scenario.ray.token if self.scenario.ray is not None else None,
+            ray_workload=_ray_workload(self.scenario),
         )
 
     def close(self) -> None:
+        if self.ray is not None:
+            self.ray.stop()
         for server in self.engines.values():
             server.stop()
         if self.apiserver is not None:

@@ -136,6 +136,43 @@ class SimVllm:
 
 
 @dataclass(frozen=True)
+class SimRayNode:
+    name: str
+    pod: str | None  # ns/name of the pod this Ray node is
+    ip: str | None
+    gpus: float
+    head: bool
+
+
+@dataclass(frozen=True)
+class SimRayActor:
+    class_name: str
+    node: str | None  # a SimRayNode name; None while not placed
+    pid: int  # in the Ray pod's PID namespace (NSpid's last field)
+    num_gpus: float
+    state: str
+    placement_group: str | None
+
+
+@dataclass(frozen=True)
+class SimPlacementGroup:
+    name: str
+    bundles: tuple[float, ...]  # GPUs per bundle
+    state: str
+    scheduling_state: str | None
+
+
+@dataclass(frozen=True)
+class SimRay:
+    workload: str | None
+    token: str | None
+    fault: str
+    nodes: tuple[SimRayNode, ...]
+    actors: tuple[SimRayActor, ...]
+    placement_groups: tuple[SimPlacementGroup, ...]
+
+
+@dataclass(frozen=True)
 class Phase:
     name: str
     after_seconds: float
@@ -166,6 +203,7 @@ class Scenario:
     allocations: tuple[SimAllocation, ...] | None = None
     podresources_fault: str = "ok"
     vllm: tuple[SimVllm, ...] = ()
+    ray: SimRay | None = None
 
     def at_phase(self, name: str | None) -> Scenario:
         """This scenario with every phase up to and including `name` applied."""
@@ -520,6 +558,77 @@ def _podresources(doc: object, at: _Path) -> tuple[tuple[SimAllocation, ...], st
     return allocations, fault
 
 
+RAY_FAULTS = ("ok", "refuse", "hang", "http_500", "garbage", "result_false")
+
+
+def _ray(doc: object, at: _Path) -> SimRay:
+    d = _mapping(doc, at)
+    _check_keys(d, {"workload", "token", "fault", "nodes", "actors", "placement_groups"}, at)
+    fault = d.get("fault", "ok")
+    if fault not in RAY_FAULTS:
+        raise (at / "fault").fail(f"one of {', '.join(RAY_FAULTS)}", fault)
+    nodes = []
+    for i, n in enumerate(_list(d.get("nodes"), at / "nodes")):
+        where = at / "nodes" / i
+        nm = _mapping(n, where)
+        _check_keys(nm, {"name", "pod", "ip", "gpus", "head"}, where)
+        nodes.append(
+            SimRayNode(
+                name=_str(nm.get("name", f"node-{i}"), where / "name"),
+                pod=None if nm.get("pod") is None else _str(nm.get("pod"), where / "pod"),
+                ip=None if nm.get("ip") is None else _str(nm.get("ip"), where / "ip"),
+                gpus=_number(nm.get("gpus", 0), where / "gpus"),
+                head=_bool(nm.get("head", i == 0), where / "head"),
+            )
+        )
+    names = {n.name for n in nodes}
+    actors = []
+    for i, a in enumerate(_list(d.get("actors"), at / "actors")):
+        where = at / "actors" / i
+        am = _mapping(a, where)
+        _check_keys(
+            am,
+            {"class_name", "node", "pid", "num_gpus", "state", "placement_group", "count"},
+            where,
+        )
+        node = am.get("node")
+        if node is not None and node not in names:
+            raise (where / "node").fail("the name of a node under ray.nodes", node)
+        actor = SimRayActor(
+            class_name=_str(am.get("class_name", "Worker"), where / "class_name"),
+            node=node,
+            pid=_int(am.get("pid", 0), where / "pid"),
+            num_gpus=_number(am.get("num_gpus", 1), where / "num_gpus"),
+            state=_str(am.get("state", "ALIVE" if node else "PENDING_CREATION"), where / "state"),
+            placement_group=am.get("placement_group"),
+        )
+        actors.extend([actor] * _int(am.get("count", 1), where / "count", 1))
+    groups = []
+    for i, g in enumerate(_list(d.get("placement_groups"), at / "placement_groups")):
+        where = at / "placement_groups" / i
+        gm = _mapping(g, where)
+        _check_keys(gm, {"name", "bundles", "state", "scheduling_state"}, where)
+        groups.append(
+            SimPlacementGroup(
+                name=_str(gm.get("name", f"pg-{i}"), where / "name"),
+                bundles=tuple(
+                    _number(b, where / "bundles" / j)
+                    for j, b in enumerate(_list(gm.get("bundles"), where / "bundles"))
+                ),
+                state=_str(gm.get("state", "PENDING"), where / "state"),
+                scheduling_state=gm.get("scheduling_state"),
+            )
+        )
+    return SimRay(
+        workload=d.get("workload"),
+        token=d.get("token"),
+        fault=fault,
+        nodes=tuple(nodes),
+        actors=tuple(actors),
+        placement_groups=tuple(groups),
+    )
+
+
 def _nvml(doc: object, at: _Path) -> SimNvml:
     d = _mapping(doc or {}, at)
     _check_keys(d, {"library", "variants", "init_error", "driver_version"}, at)
@@ -689,6 +798,7 @@ def parse_scenario(doc: object, source: str) -> Scenario:
             "kubernetes",
             "podresources",
             "vllm",
+            "ray",
         },
         at,
     )
@@ -726,7 +836,14 @@ def parse_scenario(doc: object, source: str) -> Scenario:
             raise (at / "vllm" / i / "pod").fail(
                 "namespace/name of a pod under kubernetes.pods", v.pod
             )
+    ray = _ray(d.get("ray"), at / "ray") if d.get("ray") is not None else None
+    for i, rn in enumerate(ray.nodes if ray else ()):
+        if rn.pod is not None and rn.pod not in known_pods:
+            raise (at / "ray" / "nodes" / i / "pod").fail(
+                "namespace/name of a pod under kubernetes.pods", rn.pod
+            )
     return Scenario(
+        ray=ray,
         mode=mode,
         pods=pods,
         kubernetes_fault=k8s_fault,

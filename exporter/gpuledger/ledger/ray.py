@@ -1,0 +1,137 @@
+"""Ray joined to pods, processes and GPUs (identity rules 3 and 4). Pure.
+
+Ray's ledger is logical (`num_gpus`), Kubernetes' is the device plugin's, NVML's is
+physical. Node mode puts the three side by side for the Ray nodes that are pods here;
+cluster mode counts what Ray cannot place, attributed to the Ray cluster's workload.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuledger.model import ProcessInfo
+from gpuledger.sources.kubernetes import PodInfo
+from gpuledger.sources.ray import (
+    RayActor,
+    RayNode,
+    RaySnapshot,
+    gpu_actor_counts,
+    pending_gpus,
+    placement_group_counts,
+)
+
+
+@dataclass(frozen=True)
+class RayNodeView:
+    node: RayNode
+    pod: PodInfo | None  # None outside Kubernetes
+    # GPUs Kubernetes allocated to the Ray pod (PodResources); None when unknown.
+    gpus_allocated: int | None
+
+
+@dataclass(frozen=True)
+class RayActorGpus:
+    """Logical GPUs of one Ray node's actors, by class and state."""
+
+    node: RayNodeView
+    class_name: str
+    state: str
+    gpus: float
+    # ALIVE GPU actors of this class whose process holds no GPU memory (NVML).
+    without_memory: int | None
+
+
+@dataclass(frozen=True)
+class RayActorMemory:
+    node: RayNodeView
+    class_name: str
+    gpu_uuid: str
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class RayLocal:
+    """Node mode: what the local Ray nodes say, joined."""
+
+    nodes: tuple[RayNodeView, ...]
+    actor_gpus: tuple[RayActorGpus, ...]
+    actor_memory: tuple[RayActorMemory, ...]
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """Cluster mode: what Ray cannot place."""
+
+    namespace: str
+    workload: str
+    placement_groups: Mapping[tuple[str, str], int]
+    pending_gpus: Mapping[str, float]
+
+
+def host_pid(actor: RayActor, pod: PodInfo | None, procs: Mapping[int, ProcessInfo]) -> int | None:
+    """Ray reports PIDs in the pod's PID namespace: find the host PID by NSpid (rule 3)."""
+    if actor.pid is None or actor.pid <= 0:
+        return None
+    for info in procs.values():
+        if pod is not None and info.cgroup.pod_uid != pod.uid:
+            continue
+        if info.nspid and info.nspid[-1] == actor.pid:
+            return info.pid
+    return None
+
+
+def build_ray_local(
+    snapshots: Sequence[tuple[RaySnapshot, RayNode, PodInfo | None]],
+    procs: Mapping[int, ProcessInfo] | None,
+    memory_by_pid: Mapping[int, Sequence[tuple[str, int | None]]],
+    allocated_by_pod: Mapping[str, int] | None,
+) -> RayLocal:
+    nodes: list[RayNodeView] = []
+    actor_gpus: list[RayActorGpus] = []
+    actor_memory: list[RayActorMemory] = []
+    for snapshot, node, pod in snapshots:
+        allocated = (
+            allocated_by_pod.get(pod.uid, 0) if allocated_by_pod is not None and pod else None
+        )
+        view = RayNodeView(node, pod, allocated)
+        nodes.append(view)
+        local_actors = [a for a in snapshot.actors if a.node_id in (None, node.node_id)]
+        unused: dict[str, int] = defaultdict(int)
+        memory: dict[tuple[str, str], int] = defaultdict(int)
+        for actor in local_actors:
+            if actor.state != "ALIVE" or actor.node_id != node.node_id or not actor.num_gpus:
+                continue
+            pid = host_pid(actor, pod, procs) if procs is not None else None
+            held = memory_by_pid.get(pid, ()) if pid is not None else ()
+            for uuid, used in held:
+                memory[(actor.class_name, uuid)] += used or 0
+            if procs is not None and not any((used or 0) > 0 for _, used in held):
+                unused[actor.class_name] += 1
+        counts = gpu_actor_counts(RaySnapshot(actors=tuple(local_actors)))
+        for (class_name, state), gpus in sorted(counts.items()):
+            actor_gpus.append(
+                RayActorGpus(
+                    view,
+                    class_name,
+                    state,
+                    gpus,
+                    (unused.get(class_name, 0) if procs is not None else None)
+                    if state == "ALIVE"
+                    else None,
+                )
+            )
+        actor_memory.extend(
+            RayActorMemory(view, cls, uuid, used) for (cls, uuid), used in sorted(memory.items())
+        )
+    return RayLocal(tuple(nodes), tuple(actor_gpus), tuple(actor_memory))
+
+
+def build_ray_cluster(snapshot: RaySnapshot, namespace: str, workload: str) -> RayCluster:
+    return RayCluster(
+        namespace=namespace,
+        workload=workload,
+        placement_groups=placement_group_counts(snapshot),
+        pending_gpus=pending_gpus(snapshot),
+    )
