@@ -387,8 +387,10 @@ def _read_token(path: str | None) -> str | None:
         return Path(path).read_text().strip() or None
     except OSError as exc:
         # The path is a flag value; the file's content never appears in a message.
-        print(f"gpuledger: error: cannot read --ray-token-file {path}: {exc.strerror}",
-              file=sys.stderr)
+        print(
+            f"gpuledger: error: cannot read --ray-token-file {path}: {exc.strerror}",
+            file=sys.stderr,
+        )
         raise SystemExit(EXIT_USAGE) from None
 
 

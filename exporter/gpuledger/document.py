@@ -99,6 +99,52 @@ def _processes(ledger: Ledger) -> list[dict[str, Any]]:
     ]
 
 
+def _ray(ledger: Ledger) -> dict[str, Any]:
+    out: dict[str, Any] = {"nodes": [], "actors": [], "cluster": None}
+    if ledger.ray is not None:
+        for view in ledger.ray.nodes:
+            pod = view.pod
+            out["nodes"].append(
+                {
+                    "namespace": pod.namespace if pod else "",
+                    "pod": pod.name if pod else "",
+                    "pod_uid": pod.uid if pod else "",
+                    "workload": pod.workload if pod else "",
+                    "ray_node_id": view.node.node_id,
+                    "node_ip": view.node.node_ip,
+                    "gpus_total": view.node.gpus_total,
+                    "gpus_available": view.node.gpus_available,
+                    "gpus_allocated": view.gpus_allocated,
+                }
+            )
+        for row in ledger.ray.actor_gpus:
+            pod = row.node.pod
+            out["actors"].append(
+                {
+                    "namespace": pod.namespace if pod else "",
+                    "pod": pod.name if pod else "",
+                    "workload": pod.workload if pod else "",
+                    "ray_node_id": row.node.node.node_id,
+                    "class_name": row.class_name,
+                    "state": row.state,
+                    "gpus": row.gpus,
+                    "without_gpu_memory": row.without_memory,
+                }
+            )
+    if ledger.ray_cluster is not None:
+        c = ledger.ray_cluster
+        out["cluster"] = {
+            "namespace": c.namespace,
+            "workload": c.workload,
+            "placement_groups": [
+                {"state": st, "scheduling_state": ss, "count": n}
+                for (st, ss), n in sorted(c.placement_groups.items())
+            ],
+            "pending_gpus": dict(c.pending_gpus),
+        }
+    return out
+
+
 def ledger_document(published: Published) -> dict[str, Any]:
     ledger = published.ledger
     users: dict[str, list[str]] = defaultdict(list)
@@ -167,6 +213,7 @@ def ledger_document(published: Published) -> dict[str, Any]:
             }
             for p in ledger.pending
         ],
+        "ray": _ray(ledger),
         "discrepancies": [
             {"kind": d.kind, "gpu_uuid": d.gpu_uuid, **(_container(d.container) or {})}
             for d in ledger.discrepancies

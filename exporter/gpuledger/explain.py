@@ -64,6 +64,8 @@ class Workload:
     pending: list[Doc] = field(default_factory=list)
     engines: list[Doc] = field(default_factory=list)
     discrepancies: list[dict[str, Any]] = field(default_factory=list)
+    ray_nodes: list[Doc] = field(default_factory=list)
+    ray_actors: list[Doc] = field(default_factory=list)
 
 
 class Fleet:
@@ -91,12 +93,45 @@ class Fleet:
             for d in doc.get("discrepancies", []):
                 if d.get("workload"):
                     self._workload(d["namespace"], d["workload"]).discrepancies.append(d)
+            ray = doc.get("ray") or {}
+            for n in ray.get("nodes", []):
+                if n.get("workload"):
+                    self._workload(n["namespace"], n["workload"]).ray_nodes.append(n)
+            for a in ray.get("actors", []):
+                if a.get("workload"):
+                    self._workload(a["namespace"], a["workload"]).ray_actors.append(a)
+            cluster = ray.get("cluster")
+            if cluster:
+                self._ray_pending(cluster)
         self.containers = [
             {**c, "node": doc["node"]} for doc in docs for c in doc.get("containers", [])
         ]
         self.processes = [
             {**p, "node": doc["node"]} for doc in docs for p in doc.get("processes", [])
         ]
+
+    def _ray_pending(self, cluster: Doc) -> None:
+        """Ray work Ray cannot place is pending placement of the Ray cluster's workload."""
+        gpus = cluster.get("pending_gpus") or {}
+        if not any(gpus.values()):
+            return
+        infeasible = any(
+            g["scheduling_state"] == "INFEASIBLE" and g["count"]
+            for g in cluster.get("placement_groups", [])
+        )
+        w = self._workload(cluster["namespace"], cluster["workload"])
+        for kind, count in sorted(gpus.items()):
+            if count:
+                w.pending.append(
+                    {
+                        "namespace": cluster["namespace"],
+                        "name": f"(Ray {kind.replace('_', ' ')}s)",
+                        "uid": "-",
+                        "workload": cluster["workload"],
+                        "gpus": count,
+                        "reason": "ray_infeasible" if infeasible else "ray_no_resources",
+                    }
+                )
 
     def _workload(self, namespace: str, name: str) -> Workload:
         key = (namespace, name)
@@ -144,6 +179,24 @@ def _engine_issues(engines: Iterable[Doc]) -> list[str]:
     return issues
 
 
+def _ray_issues(w: Workload) -> list[str]:
+    issues = []
+    for n in w.ray_nodes:
+        total, allocated = n.get("gpus_total"), n.get("gpus_allocated")
+        if total is not None and allocated is not None and total > allocated:
+            issues.append(
+                f"Ray over-commit: Ray node {n['ray_node_id'][:12]} (pod {n['namespace']}/"
+                f"{n['pod']}) advertises {total:g} GPUs, Kubernetes allocated {allocated}"
+            )
+    for a in w.ray_actors:
+        if a.get("without_gpu_memory"):
+            issues.append(
+                f"Ray actors holding no GPU memory: {a['without_gpu_memory']} ALIVE "
+                f"{a['class_name']} actor(s) on pod {a['namespace']}/{a['pod']}"
+            )
+    return issues
+
+
 def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]:
     verdict: Verdict = workload_verdict(w.pending, list(w.pods.values()), w.engines, t)
     pods = []
@@ -152,11 +205,15 @@ def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]
         procs = [p for p in fleet.processes if (p.get("container") or {}).get("pod_uid") == uid]
         containers = [c for c in fleet.containers if c["pod_uid"] == uid]
         pods.append({"pod": pod, "engines": engines, "processes": procs, "containers": containers})
-    issues = [
-        f"{d['kind'].replace('_', ' ')}: {d['namespace']}/{d['pod']} container "
-        f"{d['container']} and GPU {_gpu_label(fleet, d['gpu_uuid'])}"
-        for d in w.discrepancies
-    ] + _engine_issues(w.engines)
+    issues = (
+        [
+            f"{d['kind'].replace('_', ' ')}: {d['namespace']}/{d['pod']} container "
+            f"{d['container']} and GPU {_gpu_label(fleet, d['gpu_uuid'])}"
+            for d in w.discrepancies
+        ]
+        + _engine_issues(w.engines)
+        + _ray_issues(w)
+    )
     return {
         "namespace": w.namespace,
         "workload": w.name,

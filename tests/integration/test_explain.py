@@ -129,3 +129,24 @@ def test_cli_exit_codes_and_json_output() -> None:
     assert unreachable.returncode == 3
     usage = run("--pod", "a/b")
     assert usage.returncode == 2
+
+
+def test_ray_overcommit_and_unplaceable_placement_groups() -> None:
+    from gpuledger.sim.scenario import parse_scenario
+    from tests.integration.test_ray_layer import scenario as ray_scenario
+
+    node = settled_document(parse_scenario(ray_scenario(), "ray-node.yaml"))
+    cluster = settled_document(parse_scenario({
+        "node": "cluster-view", "mode": "cluster",
+        "ray": {"workload": "ml/raycluster-a",
+                "nodes": [{"name": "head", "ip": "10.9.0.1", "gpus": 2}],
+                "placement_groups": [{"name": "big", "bundles": [8], "state": "PENDING",
+                                      "scheduling_state": "INFEASIBLE"}]},
+    }, "ray-cluster.yaml"))
+    alone = explain([node], workload="ml/raycluster-a")["workloads"][0]
+    assert any("Ray over-commit" in i and "advertises 4 GPUs, Kubernetes allocated 2" in i
+               for i in alone["discrepancies"])
+    assert any("1 ALIVE Evaluator" in i for i in alone["discrepancies"])
+    both = explain([node, cluster], workload="ml/raycluster-a")["workloads"][0]
+    assert (both["verdict"]["stage"], both["verdict"]["reason"]) == (
+        "pending_placement", "ray_infeasible")
