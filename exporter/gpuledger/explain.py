@@ -203,7 +203,22 @@ def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]
     for uid, pod in sorted(w.pods.items(), key=lambda kv: kv[1]["name"]):
         engines = [e for e in w.engines if e["pod_uid"] == uid]
         procs = [p for p in fleet.processes if (p.get("container") or {}).get("pod_uid") == uid]
-        containers = [c for c in fleet.containers if c["pod_uid"] == uid]
+        containers = [
+            {
+                **c,
+                "devices": [
+                    {
+                        **d,
+                        "gpu_index": fleet.gpus[d["gpu_uuid"]][0]["index"]
+                        if d["gpu_uuid"] in fleet.gpus
+                        else None,
+                    }
+                    for d in c["devices"]
+                ],
+            }
+            for c in fleet.containers
+            if c["pod_uid"] == uid
+        ]
         pods.append({"pod": pod, "engines": engines, "processes": procs, "containers": containers})
     issues = (
         [
@@ -303,6 +318,7 @@ STAGE_TEXT = {
     "routing": "ROUTING (some replicas queue while others have headroom)",
     "serving": "SERVING",
     "idle": "IDLE",
+    "no_engine": "NO ENGINE (placed and running; no vLLM queue to judge)",
 }
 
 
@@ -363,7 +379,11 @@ def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
     for c in entry["containers"]:
         lines.append(f"    container {c['container']}  id {c['container_id'][:12] or '?'}")
         for d in c["devices"]:
-            lines.append(f"      ordinal {d['local_index']} -> {d['gpu_uuid']}  ({d['source']})")
+            lines.append(
+                f"      ordinal {d['local_index']} -> {d['gpu_uuid']}  host index "
+                f"{'?' if d.get('gpu_index') is None else d['gpu_index']} on {c['node']}  "
+                f"({d['source']})"
+            )
         if not c["allocations"] and not c["devices"]:
             lines.append("      no GPU allocation known for this container")
     for p in entry["processes"]:

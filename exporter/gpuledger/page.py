@@ -104,6 +104,14 @@ def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
     return rows
 
 
+def _source(status: Mapping[str, Any]) -> str:
+    if status["up"]:
+        return f'<span class="ok">{_e(status["source"])}</span>'
+    if status["reason"] == "disabled":
+        return f'<span class="muted">{_e(status["source"])} (not configured)</span>'
+    return f'<span class="bad">{_e(status["source"])} ({_e(status["reason"])})</span>'
+
+
 def render_page(doc: Mapping[str, Any]) -> str:
     sources = " ".join(
         f'<span class="{"ok" if s["up"] else "bad"}">{_e(s["source"])}'

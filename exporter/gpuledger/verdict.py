@@ -25,7 +25,8 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Verdict:
-    stage: str  # pending_placement | starting | engine_queueing | routing | serving | idle
+    # pending_placement | starting | engine_queueing | routing | serving | idle | no_engine
+    stage: str
     reason: str | None
     evidence: tuple[str, ...]
 
@@ -117,5 +118,7 @@ def workload_verdict(
     if running > 0:
         return Verdict("serving", None, (f"{running:g} request(s) running, none waiting",))
     if not engines:
-        return Verdict("idle", "no_engine", ("no vLLM engine found for this workload",))
+        # Not an LLM server (a training job, a notebook) or its engine is not discovered:
+        # there is no request queue to judge.
+        return Verdict("no_engine", None, ("placed and running; no vLLM engine found for it",))
     return Verdict("idle", None, ("engines up, no request running or waiting",))

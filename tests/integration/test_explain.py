@@ -57,12 +57,16 @@ def test_engine_queueing_on_kv_cache_with_parallelism_and_allocation_disagreemen
     v = verdict(result)
     assert (v["stage"], v["reason"]) == ("engine_queueing", "kv_cache")
     issues = result["workloads"][0]["discrepancies"]
-    assert any("parallelism mismatch" in i and "configured for 4" in i and "hold 2" in i
-               for i in issues)
+    assert any(
+        "parallelism mismatch" in i and "configured for 4" in i and "hold 2" in i for i in issues
+    )
     assert sum("allocated unused" in i for i in issues) == 2
     text = render_text(result)
     assert "cuda:1 = GPU-43000000-0000-4000-8000-000000000003" in text
-    assert "ordinal 3 -> GPU-45000000-0000-4000-8000-000000000005  (podresources)" in text
+    assert (
+        "ordinal 3 -> GPU-45000000-0000-4000-8000-000000000005  host index 5 on gpu-node-7  "
+        "(podresources)" in text
+    )
 
 
 def test_starting_while_the_model_loads() -> None:
@@ -114,8 +118,13 @@ def test_cli_exit_codes_and_json_output() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gpuledger", "explain", *args],
-                              capture_output=True, text=True, env=env, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "gpuledger", "explain", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
 
     ok = run("--scenario", str(NODE), "--workload", "serve/llama", "--output", "json")
     assert ok.returncode == 0, ok.stderr
@@ -136,17 +145,35 @@ def test_ray_overcommit_and_unplaceable_placement_groups() -> None:
     from tests.integration.test_ray_layer import scenario as ray_scenario
 
     node = settled_document(parse_scenario(ray_scenario(), "ray-node.yaml"))
-    cluster = settled_document(parse_scenario({
-        "node": "cluster-view", "mode": "cluster",
-        "ray": {"workload": "ml/raycluster-a",
-                "nodes": [{"name": "head", "ip": "10.9.0.1", "gpus": 2}],
-                "placement_groups": [{"name": "big", "bundles": [8], "state": "PENDING",
-                                      "scheduling_state": "INFEASIBLE"}]},
-    }, "ray-cluster.yaml"))
+    cluster = settled_document(
+        parse_scenario(
+            {
+                "node": "cluster-view",
+                "mode": "cluster",
+                "ray": {
+                    "workload": "ml/raycluster-a",
+                    "nodes": [{"name": "head", "ip": "10.9.0.1", "gpus": 2}],
+                    "placement_groups": [
+                        {
+                            "name": "big",
+                            "bundles": [8],
+                            "state": "PENDING",
+                            "scheduling_state": "INFEASIBLE",
+                        }
+                    ],
+                },
+            },
+            "ray-cluster.yaml",
+        )
+    )
     alone = explain([node], workload="ml/raycluster-a")["workloads"][0]
-    assert any("Ray over-commit" in i and "advertises 4 GPUs, Kubernetes allocated 2" in i
-               for i in alone["discrepancies"])
+    assert any(
+        "Ray over-commit" in i and "advertises 4 GPUs, Kubernetes allocated 2" in i
+        for i in alone["discrepancies"]
+    )
     assert any("1 ALIVE Evaluator" in i for i in alone["discrepancies"])
     both = explain([node, cluster], workload="ml/raycluster-a")["workloads"][0]
     assert (both["verdict"]["stage"], both["verdict"]["reason"]) == (
-        "pending_placement", "ray_infeasible")
+        "pending_placement",
+        "ray_infeasible",
+    )

@@ -12,7 +12,9 @@ CID_W = "7" * 64
 
 
 def cg(uid: str, cid: str) -> str:
-    return f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope"
+    return (
+        f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope"
+    )
 
 
 def scenario(**ray_overrides: Any) -> dict[str, Any]:
@@ -35,22 +37,52 @@ def scenario(**ray_overrides: Any) -> dict[str, Any]:
         "node": "n1",
         "gpus": [{"uuid": g} for g in G],
         "processes": [
-            {"pid": 9001, "ppid": 1, "nspid": [9001, 1], "cgroup": cg(UID_W, CID_W),
-             "cmdline": ["ray", "start"]},
-            {"pid": 9031, "ppid": 9001, "nspid": [9031, 31], "cgroup": cg(UID_W, CID_W),
-             "cmdline": "ray::Trainer", "gpu_memory": {G[0]: "20GiB"}},
-            {"pid": 9032, "ppid": 9001, "nspid": [9032, 32], "cgroup": cg(UID_W, CID_W),
-             "cmdline": "ray::Trainer", "gpu_memory": {G[1]: "21GiB"}},
+            {
+                "pid": 9001,
+                "ppid": 1,
+                "nspid": [9001, 1],
+                "cgroup": cg(UID_W, CID_W),
+                "cmdline": ["ray", "start"],
+            },
+            {
+                "pid": 9031,
+                "ppid": 9001,
+                "nspid": [9031, 31],
+                "cgroup": cg(UID_W, CID_W),
+                "cmdline": "ray::Trainer",
+                "gpu_memory": {G[0]: "20GiB"},
+            },
+            {
+                "pid": 9032,
+                "ppid": 9001,
+                "nspid": [9032, 32],
+                "cgroup": cg(UID_W, CID_W),
+                "cmdline": "ray::Trainer",
+                "gpu_memory": {G[1]: "21GiB"},
+            },
         ],
-        "kubernetes": {"pods": [
-            {"namespace": "ml", "name": "raycluster-a-gpu-worker-x8k2", "uid": UID_W,
-             "pod_ip": "10.9.0.2", "labels": {"ray.io/cluster": "raycluster-a"},
-             "containers": [{"name": "ray-worker", "id": CID_W, "gpus": 2}]},
-        ]},
-        "podresources": {"allocations": [
-            {"namespace": "ml", "pod": "raycluster-a-gpu-worker-x8k2", "container": "ray-worker",
-             "devices": [G[0], G[1]]},
-        ]},
+        "kubernetes": {
+            "pods": [
+                {
+                    "namespace": "ml",
+                    "name": "raycluster-a-gpu-worker-x8k2",
+                    "uid": UID_W,
+                    "pod_ip": "10.9.0.2",
+                    "labels": {"ray.io/cluster": "raycluster-a"},
+                    "containers": [{"name": "ray-worker", "id": CID_W, "gpus": 2}],
+                },
+            ]
+        },
+        "podresources": {
+            "allocations": [
+                {
+                    "namespace": "ml",
+                    "pod": "raycluster-a-gpu-worker-x8k2",
+                    "container": "ray-worker",
+                    "devices": [G[0], G[1]],
+                },
+            ]
+        },
         "ray": ray,
     }
 
@@ -67,8 +99,16 @@ def test_logical_gpus_exceeding_the_pods_allocation_are_visible(simulate: Any) -
 
 def test_actor_gpus_by_class_and_state_with_workload(simulate: Any) -> None:
     s = simulate(scenario()).settle()
-    assert value(s, "gpuledger_ray_actor_gpus", class_name="Trainer", state="ALIVE",
-                 workload="raycluster-a") == 2
+    assert (
+        value(
+            s,
+            "gpuledger_ray_actor_gpus",
+            class_name="Trainer",
+            state="ALIVE",
+            workload="raycluster-a",
+        )
+        == 2
+    )
     assert value(s, "gpuledger_ray_actor_gpus", class_name="Evaluator", state="ALIVE") == 1
     # Pending actors are placed on no node: the cluster view counts them, not a node.
     assert not pick(s, "gpuledger_ray_actor_gpus", state="PENDING_CREATION")
@@ -95,19 +135,43 @@ def test_cluster_mode_placement_groups_and_pending_gpus(simulate: Any) -> None:
                 {"class_name": "Trainer", "num_gpus": 1, "state": "PENDING_CREATION"},
             ],
             "placement_groups": [
-                {"name": "never-fits", "bundles": [8, 8], "state": "PENDING",
-                 "scheduling_state": "INFEASIBLE"},
-                {"name": "waits", "bundles": [1], "state": "PENDING",
-                 "scheduling_state": "NO_RESOURCES"},
+                {
+                    "name": "never-fits",
+                    "bundles": [8, 8],
+                    "state": "PENDING",
+                    "scheduling_state": "INFEASIBLE",
+                },
+                {
+                    "name": "waits",
+                    "bundles": [1],
+                    "state": "PENDING",
+                    "scheduling_state": "NO_RESOURCES",
+                },
             ],
         },
     }
     s = simulate(doc).settle()
     ids = {"namespace": "ml", "workload": "raycluster-a"}
-    assert value(s, "gpuledger_ray_placement_groups", state="PENDING",
-                 scheduling_state="INFEASIBLE", **ids) == 1
-    assert value(s, "gpuledger_ray_placement_groups", state="PENDING",
-                 scheduling_state="NO_RESOURCES", **ids) == 1
+    assert (
+        value(
+            s,
+            "gpuledger_ray_placement_groups",
+            state="PENDING",
+            scheduling_state="INFEASIBLE",
+            **ids,
+        )
+        == 1
+    )
+    assert (
+        value(
+            s,
+            "gpuledger_ray_placement_groups",
+            state="PENDING",
+            scheduling_state="NO_RESOURCES",
+            **ids,
+        )
+        == 1
+    )
     assert value(s, "gpuledger_ray_pending_gpus", kind="placement_group", **ids) == 17
     assert value(s, "gpuledger_ray_pending_gpus", kind="actor", **ids) == 1
     assert value(s, "gpuledger_source_up", source="ray") == 1

@@ -416,7 +416,7 @@ def _unknowns(sources: Sequence[SourceStatus]) -> tuple[str, ...]:
     return tuple(
         f"{_MISSING.get(s.source, s.source + ' down')} ({s.error_reason})"
         for s in sources
-        if not s.up
+        if not s.up and s.error_reason != "disabled"
     )
 
 
