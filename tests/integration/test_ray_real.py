@@ -500,3 +500,76 @@ def test_fake_serving_real_rows_gives_the_same_snapshot(
     # Ray also reports the group-rewritten names (CPUGroup<pg>...); the base ones agree.
     assert fake_usage.items() <= real_usage.items()
     assert {"GPU", "CPU", "memory", "objectStoreMemory"} <= set(fake_usage)
+
+
+def test_exporter_joins_real_ray_actors_to_their_gpu_memory(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The whole exporter against real Ray: logical GPUs from the state API, physical memory
+    from NVML by the actors' real PIDs (fake NVML listing them), through the real /proc."""
+    from gpuledger.pipeline import Pipeline, PipelineConfig
+    from gpuledger.server import Exporter
+    from gpuledger.sim.fake_nvml import (
+        STATE_ENV,
+        FakeGpu,
+        FakeNvmlState,
+        FakeProcess,
+        build_fake_nvml,
+        write_state,
+    )
+    from tests.conftest import samples, value
+
+    uuids = [f"GPU-70000000-0000-4000-8000-00000000000{i}" for i in range(2)]
+    state = tmp_path / "nvml.state"
+    write_state(
+        state,
+        FakeNvmlState(
+            gpus=tuple(
+                FakeGpu(
+                    i,
+                    uuids[i],
+                    "NVIDIA H100 80GB HBM3",
+                    f"00000000:{0x18 + i:02X}:00.0",
+                    80 * 2**30,
+                    2**30,
+                    50,
+                    10,
+                )
+                for i in range(2)
+            ),
+            processes=tuple(FakeProcess(i, pid, 2**30) for i, pid in enumerate(cluster.gpu_pids)),
+        ),
+    )
+    os.environ[STATE_ENV] = str(state)
+    pipeline = Pipeline(
+        PipelineConfig(
+            node="ray-host",
+            proc_root="/proc",
+            nvml_library=str(build_fake_nvml()),
+            ray_address=cluster.url,
+            ray_token=cluster.token,
+        )
+    )
+    exporter = Exporter(pipeline.cycle, 1.0)
+    try:
+        exporter.run_once()
+        body, _ = exporter.render(None)
+    finally:
+        pipeline.close()
+    s = samples(body.decode())
+    assert value(s, "gpuledger_source_up", source="ray") == 1
+    assert value(s, "gpuledger_ray_node_gpus", state="total", ray_node_id=cluster.node_id) == 2
+    assert value(s, "gpuledger_ray_actor_gpus", class_name="GpuWorker", state="ALIVE") == 2
+    for uuid in uuids:
+        assert (
+            value(
+                s,
+                "gpuledger_ray_actor_gpu_memory_used_bytes",
+                class_name="GpuWorker",
+                gpu_uuid=uuid,
+            )
+            == 2**30
+        )
+    assert value(s, "gpuledger_ray_actors_without_gpu_memory", class_name="GpuWorker") == 0
+    if cluster.token:
+        assert cluster.token.encode() not in body
