@@ -116,13 +116,26 @@ def local_ray_nodes(
 
 
 def fetch_local_ray(client: RayStateClient, pods: Sequence[PodInfo] | None) -> LocalRay:
-    """Node mode: one state-API read of the nodes, then the actors of each local Ray node."""
-    result = []
-    for node, pod in local_ray_nodes(client.fetch_nodes(), pods):
-        snapshot = client.fetch_cluster(node_id=node.node_id, placement_groups=False)
-        fresh = next((n for n in snapshot.nodes if n.node_id == node.node_id), node)
-        result.append((snapshot, fresh, pod))
-    return tuple(result)
+    """Node mode: the nodes once, then the actors of the local Ray nodes only."""
+    chosen: list[tuple[RayNode, PodInfo | None]] = []
+
+    def select(nodes: tuple[RayNode, ...]) -> list[str]:
+        chosen.extend(local_ray_nodes(nodes, pods))
+        return [node.node_id for node, _ in chosen]
+
+    snapshot = client.fetch_local(select)
+    return tuple(
+        (
+            RaySnapshot(
+                nodes=snapshot.nodes,
+                actors=tuple(a for a in snapshot.actors if a.node_id == node.node_id),
+                warnings=snapshot.warnings,
+            ),
+            node,
+            pod,
+        )
+        for node, pod in chosen
+    )
 
 
 def _target(url: str, pod: PodInfo | None, origin: Any) -> EngineTarget:

@@ -213,7 +213,7 @@ def test_messages_carry_no_body_no_userinfo_no_query(servers: list[FakeVllmServe
         ):
             assert leaked not in message, (leaked, message)
     assert snapshot.scrapes[0].error_message == f"{garbage.url}: " + (
-        "not a Prometheus text exposition (ValueError)"
+        "not a Prometheus text exposition (malformed line)"
     )
 
 

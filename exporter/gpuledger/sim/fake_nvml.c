@@ -8,6 +8,8 @@
  *
  *   driver <version>
  *   init_error <nvml_return_code>
+ *   query_error <nvml_return_code>
+ *   hang_ms <milliseconds>
  *   gpu <index> <uuid> <pci_bus_id> <mem_total> <mem_used> <util_gpu> <util_mem> <mig 0|1>
  *       <ok|lost> <name to end of line>
  *   proc <gpu_index> <pid> <used_memory_bytes>
@@ -15,7 +17,10 @@
  * The file is re-read by every nvmlInit* and nvmlDeviceGetCount* call, so a harness can
  * rewrite it (atomically, by rename) between phases and a long-running exporter sees the
  * change. A missing variable or unreadable file means zero GPUs, and init still succeeds.
- * Lines that do not parse are ignored. init_error only affects nvmlInit*.
+ * Lines that do not parse are ignored. init_error only affects nvmlInit*; query_error makes
+ * nvmlDeviceGetCount* fail with that code after a successful init (a driver erroring
+ * mid-run); hang_ms makes nvmlDeviceGetCount* sleep that long before answering (a hung
+ * driver), without holding the library's lock.
  *
  * Handles are pointers into a fixed slot array indexed by GPU index, so they stay valid
  * across reloads and keep referring to "the GPU at index i", as real handles do.
@@ -36,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define NVML_EXPORT __attribute__((visibility("default")))
 
@@ -137,6 +143,8 @@ struct fake_proc {
 struct fake_state {
     char driver[DRIVER_LEN];
     nvmlReturn_t init_error;
+    nvmlReturn_t query_error;
+    unsigned int hang_ms;
     unsigned int gpu_count; /* highest present index + 1 */
     struct fake_gpu gpus[MAX_GPUS];
     unsigned int nprocs;
@@ -294,6 +302,16 @@ static void parse_line(char *line) {
         unsigned int code;
         if (v != NULL && next_token(&rest) == NULL && parse_u32(v, &code) && code <= 0x7FFFFFFFu)
             g_state.init_error = (nvmlReturn_t)code;
+    } else if (strcmp(kw, "query_error") == 0) {
+        char *v = next_token(&rest);
+        unsigned int code;
+        if (v != NULL && next_token(&rest) == NULL && parse_u32(v, &code) && code <= 0x7FFFFFFFu)
+            g_state.query_error = (nvmlReturn_t)code;
+    } else if (strcmp(kw, "hang_ms") == 0) {
+        char *v = next_token(&rest);
+        unsigned int ms;
+        if (v != NULL && next_token(&rest) == NULL && parse_u32(v, &ms) && ms <= 600000u)
+            g_state.hang_ms = ms;
     }
 }
 
@@ -444,8 +462,18 @@ static nvmlReturn_t device_count(unsigned int *count) {
     if (rc != NVML_SUCCESS) return rc;
     if (count == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
     reload_locked(); /* the harness's phase changes become visible here */
-    *count = g_state.gpu_count;
-    return unlock_with(NVML_SUCCESS);
+    unsigned int hang_ms = g_state.hang_ms;
+    nvmlReturn_t error = g_state.query_error;
+    unsigned int gpus = g_state.gpu_count;
+    pthread_mutex_unlock(&g_lock);
+    if (hang_ms > 0) { /* a hung driver: the caller waits, other threads do not */
+        struct timespec pause = {(time_t)(hang_ms / 1000u), (long)(hang_ms % 1000u) * 1000000L};
+        while (nanosleep(&pause, &pause) == -1 && errno == EINTR) {
+        }
+    }
+    if (error != NVML_SUCCESS) return error;
+    *count = gpus;
+    return NVML_SUCCESS;
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) { return device_count(count); }

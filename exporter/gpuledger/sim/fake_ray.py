@@ -22,7 +22,9 @@ body, then nothing until ``hang_seconds``), ``http_500`` (aiohttp's bare
 text/plain 500), ``result_false`` (500 with Ray's envelope and ``result: false``),
 ``garbage`` (200, not JSON), ``truncated`` (the body ends before its Content-Length),
 ``partial_failure`` (200 with ``partial_failure_warning`` and ``warnings`` set), ``huge``
-(a 200 body just over 32 MiB, streamed)::
+(a 200 body just over 32 MiB, streamed), ``trickle`` (headers at once, then the body one
+byte every ``trickle_interval`` seconds: every read returns in time, the whole never
+does)::
 
     with FakeRayDashboard(token="s3cret") as dash:
         node = node_entry("10.0.0.5", gpus=2, is_head=True)
@@ -69,6 +71,7 @@ Fault = Literal[
     "truncated",
     "partial_failure",
     "huge",
+    "trickle",
 ]
 FAULTS: Final[tuple[str, ...]] = get_args(Fault)
 
@@ -438,6 +441,7 @@ class FakeRayDashboard:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.hang_seconds = 30.0
+        self.trickle_interval = 0.05
         # The latest requests, for tests; bounded so a long `simulate` run stays small.
         self.requests_seen: collections.deque[SeenRequest] = collections.deque(maxlen=1000)
 
@@ -588,6 +592,9 @@ class FakeRayDashboard:
         if fault in ("truncated", "stall"):
             self._reply_partly(handler, answer, stall=fault == "stall")
             return
+        if fault == "trickle":
+            self._trickle(handler, answer)
+            return
         self._reply(handler, 200, answer)
 
     def _reply(
@@ -614,6 +621,21 @@ class FakeRayDashboard:
             if stall:
                 self._release.wait(self.hang_seconds)
             handler.connection.shutdown(socket.SHUT_RDWR)
+
+    def _trickle(self, handler: _Handler, body: bytes) -> None:
+        """The whole body, declared up front, one byte at a time (a server dripping bytes)."""
+        handler.close_connection = True
+        with contextlib.suppress(OSError):
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json; charset=utf-8")
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.flush()
+            for i in range(len(body)):
+                if self._release.wait(self.trickle_interval):
+                    return
+                handler.wfile.write(body[i : i + 1])
+                handler.wfile.flush()
 
     def _stream_huge(self, handler: _Handler) -> None:
         # Valid JSON, just too big; no Content-Length so only the streamed cap catches it.

@@ -55,9 +55,9 @@ _ENVIRON_LIMIT = 1024 * 1024
 _TITLE_LIMIT = 128
 
 
-def _read(path: Path, limit: int) -> bytes | None:
+def _read(path: str, limit: int) -> bytes | None:
     try:
-        with path.open("rb") as f:
+        with open(path, "rb") as f:
             return f.read(limit)
     except OSError:  # vanished, no permission, not a process: all ordinary here
         return None
@@ -124,6 +124,7 @@ def parse_environ(raw: bytes) -> dict[str, str]:
 class ProcfsSource:
     def __init__(self, proc_root: str = "/proc") -> None:
         self.root = Path(proc_root)
+        self._root = str(self.root)
 
     def fetch(self, pids: Iterable[int]) -> ProcSnapshot:
         if not self.root.is_dir():
@@ -145,14 +146,14 @@ class ProcfsSource:
             current = info.ppid
 
     def read_process(self, pid: int) -> ProcessInfo | None:
-        base = self.root / str(pid)
-        status = _read(base / "status", _SMALL_FILE)
+        base = f"{self._root}/{pid}"
+        status = _read(f"{base}/status", _SMALL_FILE)
         if status is None:
             return None  # gone: nothing to say about it
         ppid, nspid = parse_status(status.decode(errors="replace"))
-        cgroup = _read(base / "cgroup", _SMALL_FILE)
-        cmdline = _read(base / "cmdline", _SMALL_FILE) or b""
-        environ = _read(base / "environ", _ENVIRON_LIMIT)
+        cgroup = _read(f"{base}/cgroup", _SMALL_FILE)
+        cmdline = _read(f"{base}/cmdline", _SMALL_FILE) or b""
+        environ = _read(f"{base}/environ", _ENVIRON_LIMIT)
         if environ is None:
             log.debug("pid %d: environ unreadable, device map from it unknown", pid)
         return ProcessInfo(

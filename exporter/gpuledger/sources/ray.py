@@ -28,7 +28,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -492,6 +492,21 @@ def _base_url(address: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
+def _body_chunks(response: requests.Response) -> Iterator[bytes]:
+    """Decoded body pieces as they arrive.
+
+    read1 returns whatever one socket read brings, so the caller's deadline is checked
+    while a slow server trickles; iter_content(chunk_size) would block until a whole
+    chunk (or the end) arrived, however long the server takes to send it.
+    """
+    raw = response.raw
+    if hasattr(raw, "read1"):  # urllib3 >= 2.3
+        while chunk := raw.read1(_CHUNK, decode_content=True):
+            yield chunk
+    else:
+        yield from raw.stream(8 * 1024, decode_content=True)
+
+
 def _has_cause(exc: BaseException, *types: type[BaseException]) -> bool:
     """Whether `exc` or anything it wraps is one of `types`.
 
@@ -569,6 +584,22 @@ class RayStateClient:
 
     def fetch_placement_groups(self) -> tuple[RayPlacementGroup, ...]:
         return self._placement_groups([])[0]
+
+    def fetch_local(self, select: Callable[[tuple[RayNode, ...]], Sequence[str]]) -> RaySnapshot:
+        """Node mode: all nodes (with availability) once, then the live actors of only the
+        nodes `select` picks from them (the Ray nodes that run on this machine)."""
+        nodes, warnings = self._nodes()
+        usage, usage_warnings = self._usage()
+        if usage is not None:
+            nodes = tuple(with_available(n, usage) for n in nodes)
+        actors: list[RayActor] = []
+        actor_warnings: list[str] = []
+        for node_id in select(nodes):
+            found, more = self._actors([("state", "!=", "DEAD"), ("node_id", "=", node_id)])
+            actors.extend(found)
+            actor_warnings.extend(more)
+        all_warnings = (*warnings, *usage_warnings, *actor_warnings)
+        return RaySnapshot(nodes=nodes, actors=tuple(actors), warnings=all_warnings[:MAX_WARNINGS])
 
     def fetch_cluster(
         self, node_id: str | None = None, placement_groups: bool = True
@@ -698,7 +729,7 @@ class RayStateClient:
         chunks: list[bytes] = []
         size = 0
         # A server dripping bytes would reset the read timeout forever: bound the total.
-        for chunk in response.iter_content(chunk_size=_CHUNK):
+        for chunk in _body_chunks(response):
             size += len(chunk)
             if size > self.max_response_bytes:
                 raise self._too_large(where)

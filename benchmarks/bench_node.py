@@ -1,0 +1,183 @@
+"""Node mode on a dense simulated node, against the cost of the raw reads alone.
+
+The simulated sources run in a child process (as the real kubelet, API server, engines and
+Ray dashboard would); this process runs the real pipeline and, for the floor, performs only
+the same raw reads: the same NVML calls, the same /proc files, the same HTTP GETs and gRPC
+List — no parsing, joining or rendering.
+
+    .venv/bin/python benchmarks/bench_node.py [--scale 1 4 16] [--cycles 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "exporter"))
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+import pynvml  # noqa: E402
+import requests  # noqa: E402
+
+from gpuledger.pipeline import Pipeline, PipelineConfig  # noqa: E402
+from gpuledger.server import Exporter  # noqa: E402
+from gpuledger.sim.fake_nvml import STATE_ENV  # noqa: E402
+from gpuledger.sources.podresources import api_pb2, api_pb2_grpc  # noqa: E402
+
+CHILD = """
+import json, sys, time
+sys.path[:0] = [{exporter!r}, {root!r}]
+from benchmarks.dense_node import dense_node
+from gpuledger.sim.harness import SimulatedNode
+from gpuledger.sim.scenario import parse_scenario
+node = SimulatedNode(parse_scenario(dense_node({scale}), "dense.yaml"))
+cfg = node.pipeline_config(5.0)
+print(json.dumps({{"config": {{k: getattr(cfg, k) for k in (
+    "node", "proc_root", "nvml_library", "podresources_socket", "kubeconfig", "ray_address")}},
+    "state": str(node.state_file)}}), flush=True)
+sys.stdin.read()
+node.close()
+"""
+
+
+def rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def floor_cycle(config: PipelineConfig, engine_urls: list[str], ray_node_ids: list[str],
+                session: requests.Session, stub: Any) -> None:
+    """The raw reads one gpuledger cycle makes, and nothing else."""
+    pids: list[int] = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        pynvml.nvmlDeviceGetUUID(h)
+        pynvml.nvmlDeviceGetName(h)
+        pynvml.nvmlDeviceGetPciInfo_v3(h)
+        pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        pynvml.nvmlDeviceGetUtilizationRates(h)
+        pynvml.nvmlDeviceGetMigMode(h)
+        pids += [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+    seen: set[int] = set()
+    for pid in pids:
+        current = pid
+        while current > 1 and current not in seen:
+            seen.add(current)
+            base = f"{config.proc_root}/{current}"
+            try:
+                status = open(f"{base}/status", "rb").read()
+                for name in ("cgroup", "cmdline", "environ"):
+                    open(f"{base}/{name}", "rb").read()
+            except OSError:
+                break
+            ppid = [ln for ln in status.split(b"\n") if ln.startswith(b"PPid:")]
+            current = int(ppid[0].split()[1]) if ppid else 0
+    stub.List(api_pb2.ListPodResourcesRequest(), timeout=5)
+    stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=5)
+    for url in engine_urls:
+        session.get(url, timeout=5).content
+    base = config.ray_address
+    session.get(f"{base}/api/v0/nodes?limit=10000&timeout=5", timeout=5).content
+    session.get(f"{base}/api/cluster_status", timeout=5).content
+    for node_id in ray_node_ids:
+        session.get(f"{base}/api/v0/actors?detail=true&limit=10000&timeout=5"
+                    f"&filter_keys=state&filter_predicates=%21%3D&filter_values=DEAD"
+                    f"&filter_keys=node_id&filter_predicates=%3D&filter_values={node_id}",
+                    timeout=5).content
+
+
+def run(scale: int, cycles: int) -> dict[str, Any]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(exporter=str(ROOT / "exporter"), root=str(ROOT),
+                                            scale=scale)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None
+        info = json.loads(child.stdout.readline())
+        os.environ[STATE_ENV] = info["state"]
+        config = PipelineConfig(kubernetes=True, vllm_discovery=True, **info["config"])
+        rss_before = rss()
+        pipeline = Pipeline(config)
+        exporter = Exporter(pipeline.cycle, 10.0)
+        pipeline.warm_up(30)
+        for _ in range(3):  # warm-up: informer synced, engines known, caches hot
+            exporter.run_once()
+        walls, cpus, renders = [], [], []
+        per_source: dict[str, list[float]] = {}
+        for _ in range(cycles):
+            w0, c0 = time.perf_counter(), time.process_time()
+            published = exporter.run_once()
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+            for s in published.ledger.sources:
+                per_source.setdefault(s.source, []).append(s.duration_seconds)
+            r0 = time.perf_counter()
+            body, _ = exporter.render(None)
+            renders.append(time.perf_counter() - r0)
+        down = [s.source for s in published.ledger.sources if not s.up]
+        series = sum(1 for ln in body.decode().splitlines() if ln and not ln.startswith("#"))
+        engines = [e.url for e in published.ledger.engines]
+        ray_ids = [v.node.node_id for v in published.ledger.ray.nodes] if published.ledger.ray else []
+        rss_after = rss()
+        pipeline.close()
+
+        pynvml.nvmlInit()  # the pipeline shut NVML down on close; the library stays loaded
+        session = requests.Session()
+        channel = grpc.insecure_channel(f"unix://{config.podresources_socket}")
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        floor_walls, floor_cpus = [], []
+        for _ in range(cycles):
+            w0, c0 = time.perf_counter(), time.process_time()
+            floor_cycle(config, engines, ray_ids, session, stub)
+            floor_walls.append(time.perf_counter() - w0)
+            floor_cpus.append(time.process_time() - c0)
+        channel.close()
+    finally:
+        if child.stdin:
+            child.stdin.close()
+        child.wait(timeout=30)
+    med = statistics.median
+    return {
+        "scale": scale, "down": down, "series": series, "bytes": len(body),
+        "processes": len(published.ledger.processes), "pods": len(published.ledger.pods),
+        "wall_ms": med(walls) * 1e3, "cpu_ms": med(cpus) * 1e3,
+        "floor_wall_ms": med(floor_walls) * 1e3, "floor_cpu_ms": med(floor_cpus) * 1e3,
+        "render_ms": med(renders) * 1e3,
+        "sources_ms": {k: med(v) * 1e3 for k, v in per_source.items()},
+        "rss_mb": rss_after / 2**20, "rss_growth_mb": (rss_after - rss_before) / 2**20,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", type=int, nargs="+", default=[1])
+    parser.add_argument("--cycles", type=int, default=30)
+    args = parser.parse_args()
+    for scale in args.scale:
+        r = run(scale, args.cycles)
+        print(json.dumps(r))
+        print(
+            f"scale {r['scale']:>2}: {r['processes']} procs, {r['pods']} GPU pods, "
+            f"{r['series']} series | cycle wall {r['wall_ms']:.1f} ms cpu {r['cpu_ms']:.1f} ms"
+            f" | floor wall {r['floor_wall_ms']:.1f} ms cpu {r['floor_cpu_ms']:.1f} ms"
+            f" | ratio cpu {r['cpu_ms'] / r['floor_cpu_ms']:.2f}"
+            f" | render {r['render_ms']:.1f} ms | RSS {r['rss_mb']:.0f} MB"
+            f" | down: {r['down'] or 'none'}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
