@@ -24,14 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "exporter"))
 sys.path.insert(0, str(ROOT))
 
-import grpc  # noqa: E402
-import pynvml  # noqa: E402
-import requests  # noqa: E402
+import grpc
+import pynvml
+import requests
 
-from gpuledger.pipeline import Pipeline, PipelineConfig  # noqa: E402
-from gpuledger.server import Exporter  # noqa: E402
-from gpuledger.sim.fake_nvml import STATE_ENV  # noqa: E402
-from gpuledger.sources.podresources import api_pb2, api_pb2_grpc  # noqa: E402
+from gpuledger.pipeline import Pipeline, PipelineConfig
+from gpuledger.server import Exporter
+from gpuledger.sim.fake_nvml import STATE_ENV
+from gpuledger.sources.podresources import api_pb2, api_pb2_grpc
 
 CHILD = """
 import json, sys, time
@@ -56,8 +56,13 @@ def rss() -> int:
     return 0
 
 
-def floor_cycle(config: PipelineConfig, engine_urls: list[str], ray_node_ids: list[str],
-                session: requests.Session, stub: Any) -> None:
+def floor_cycle(
+    config: PipelineConfig,
+    engine_urls: list[str],
+    ray_node_ids: list[str],
+    session: requests.Session,
+    stub: Any,
+) -> None:
     """The raw reads one gpuledger cycle makes, and nothing else."""
     pids: list[int] = []
     for i in range(pynvml.nvmlDeviceGetCount()):
@@ -76,9 +81,11 @@ def floor_cycle(config: PipelineConfig, engine_urls: list[str], ray_node_ids: li
             seen.add(current)
             base = f"{config.proc_root}/{current}"
             try:
-                status = open(f"{base}/status", "rb").read()
+                with open(f"{base}/status", "rb") as f:
+                    status = f.read()
                 for name in ("cgroup", "cmdline", "environ"):
-                    open(f"{base}/{name}", "rb").read()
+                    with open(f"{base}/{name}", "rb") as f:
+                        f.read()
             except OSError:
                 break
             ppid = [ln for ln in status.split(b"\n") if ln.startswith(b"PPid:")]
@@ -91,17 +98,24 @@ def floor_cycle(config: PipelineConfig, engine_urls: list[str], ray_node_ids: li
     session.get(f"{base}/api/v0/nodes?limit=10000&timeout=5", timeout=5).content
     session.get(f"{base}/api/cluster_status", timeout=5).content
     for node_id in ray_node_ids:
-        session.get(f"{base}/api/v0/actors?detail=true&limit=10000&timeout=5"
-                    f"&filter_keys=state&filter_predicates=%21%3D&filter_values=DEAD"
-                    f"&filter_keys=node_id&filter_predicates=%3D&filter_values={node_id}",
-                    timeout=5).content
+        session.get(
+            f"{base}/api/v0/actors?detail=true&limit=10000&timeout=5"
+            f"&filter_keys=state&filter_predicates=%21%3D&filter_values=DEAD"
+            f"&filter_keys=node_id&filter_predicates=%3D&filter_values={node_id}",
+            timeout=5,
+        ).content
 
 
 def run(scale: int, cycles: int) -> dict[str, Any]:
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(exporter=str(ROOT / "exporter"), root=str(ROOT),
-                                            scale=scale)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            CHILD.format(exporter=str(ROOT / "exporter"), root=str(ROOT), scale=scale),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None
@@ -129,7 +143,9 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
         down = [s.source for s in published.ledger.sources if not s.up]
         series = sum(1 for ln in body.decode().splitlines() if ln and not ln.startswith("#"))
         engines = [e.url for e in published.ledger.engines]
-        ray_ids = [v.node.node_id for v in published.ledger.ray.nodes] if published.ledger.ray else []
+        ray_ids = (
+            [v.node.node_id for v in published.ledger.ray.nodes] if published.ledger.ray else []
+        )
         rss_after = rss()
         pipeline.close()
 
@@ -150,13 +166,20 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
         child.wait(timeout=30)
     med = statistics.median
     return {
-        "scale": scale, "down": down, "series": series, "bytes": len(body),
-        "processes": len(published.ledger.processes), "pods": len(published.ledger.pods),
-        "wall_ms": med(walls) * 1e3, "cpu_ms": med(cpus) * 1e3,
-        "floor_wall_ms": med(floor_walls) * 1e3, "floor_cpu_ms": med(floor_cpus) * 1e3,
+        "scale": scale,
+        "down": down,
+        "series": series,
+        "bytes": len(body),
+        "processes": len(published.ledger.processes),
+        "pods": len(published.ledger.pods),
+        "wall_ms": med(walls) * 1e3,
+        "cpu_ms": med(cpus) * 1e3,
+        "floor_wall_ms": med(floor_walls) * 1e3,
+        "floor_cpu_ms": med(floor_cpus) * 1e3,
         "render_ms": med(renders) * 1e3,
         "sources_ms": {k: med(v) * 1e3 for k, v in per_source.items()},
-        "rss_mb": rss_after / 2**20, "rss_growth_mb": (rss_after - rss_before) / 2**20,
+        "rss_mb": rss_after / 2**20,
+        "rss_growth_mb": (rss_after - rss_before) / 2**20,
     }
 
 
