@@ -1,0 +1,309 @@
+// Alerts. Every alert has `severity` (warning|critical) and `layer`, the layer a person
+// has to act in, which is what Alertmanager routes on:
+//
+//   placement  Kubernetes or Ray cannot place the workload's GPU work
+//   startup    placed, but the engine does not serve yet
+//   engine     engines up and queueing: KV cache or max_num_seqs bound
+//   routing    some engines queue while siblings have headroom
+//   ledger     allocation and physical use of GPUs disagree
+//   exporter   gpuledger itself is blind
+//
+// Placement and engine queueing never fire together for one workload: the engine and
+// routing alerts only fire while the workload's stage is `engine_queueing`, and the stage
+// has a fixed precedence (pending_placement > starting > engine_queueing), see rules.
+// `runbook_url` is added to every alert in one place: add-runbook-links.libsonnet.
+{
+  local c = $._config,
+  local sel = c.gpuledgerSelector,
+  local cl = c.clusterLabel,
+  local wkey = '%s, namespace, workload' % cl,
+  local ekey = '%s, node, namespace, workload, pod, pod_uid, model_name, engine' % cl,
+
+  // `namespace/workload`, or only `workload` for namespace-less Ray series.
+  local workloadText = '{{ with $labels.namespace }}{{ . }}/{{ end }}{{ $labels.workload }}',
+  local engineText = 'engine {{ $labels.engine }} (model {{ $labels.model_name }}) in pod {{ $labels.namespace }}/{{ $labels.pod }} of workload {{ $labels.workload }}',
+  local inStage(stage) = |||
+    and on (%(wkey)s)
+    (gpuledger:workload_stage:onehot{stage="%(stage)s"} == 1)
+  ||| % { wkey: wkey, stage: stage },
+  local notImbalanced = std.rstripChars(|||
+    unless on (%(wkey)s)
+    (gpuledger:workload_routing_imbalance:count > 0)
+  ||| % { wkey: wkey }, '\n'),
+  // Ledger alerts stay silent on a node where a source the ledger needs is down.
+  local ledgerSourcesUp = |||
+    unless on (%(cl)s, node)
+    (gpuledger_source_up{%(sel)s, source=~"%(re)s"} == 0)
+  ||| % { cl: cl, sel: sel, re: c.ledgerSourcesRegex },
+
+  local pendingReasons = [
+    ['insufficient_gpu', 'no node that would take the pod has enough free GPUs'],
+    ['node_selector', "no node matches the pod's node selector or node affinity"],
+    ['affinity', 'pod affinity or anti-affinity rules exclude every node'],
+    ['taint', 'the nodes with room carry taints the pod does not tolerate, or are cordoned'],
+    ['scheduling_gated', 'a scheduling gate holds the pod (queue admission such as Kueue quota)'],
+  ],
+  local reasonText =
+    std.join('', [
+      '{{ %sif eq $labels.reason "%s" }}%s' % [if i == 0 then '' else 'else ', pendingReasons[i][0], pendingReasons[i][1]]
+      for i in std.range(0, std.length(pendingReasons) - 1)
+    ]) + "{{ else }}the scheduler gives another reason (see the pod's PodScheduled condition){{ end }}",
+
+  prometheusAlerts+:: {
+    groups+: [
+      {
+        name: 'gpuledger.placement',
+        rules: [
+          {
+            alert: 'GpuLedgerPodsPendingPlacement',
+            expr: |||
+              gpuledger:workload_pods_pending_placement:sum > 0
+            |||,
+            'for': c.podsPendingPlacementFor,
+            labels: { severity: 'warning', layer: 'placement' },
+            annotations: {
+              summary: 'GPU pods of a workload cannot be placed on a node.',
+              description: '{{ $value }} GPU pod(s) of workload ' + workloadText + ' have been pending placement for %s: ' % c.podsPendingPlacementFor + reasonText + ' (reason {{ $labels.reason }}).',
+            },
+          },
+          {
+            alert: 'GpuLedgerRayPlacementGroupsInfeasible',
+            expr: |||
+              gpuledger:workload_ray_placement_groups_pending:sum{scheduling_state="INFEASIBLE"} > 0
+            |||,
+            'for': c.rayPlacementGroupsInfeasibleFor,
+            labels: { severity: 'warning', layer: 'placement' },
+            annotations: {
+              summary: 'Ray placement groups ask for resources no node of the Ray cluster can ever provide.',
+              description: '{{ $value }} Ray placement group(s) of workload ' + workloadText + ' have been INFEASIBLE for %s: their bundles fit on no node the Ray cluster has or can autoscale to. Waiting will not help.' % c.rayPlacementGroupsInfeasibleFor,
+            },
+          },
+          {
+            alert: 'GpuLedgerRayPlacementGroupsWaiting',
+            expr: |||
+              gpuledger:workload_ray_placement_groups_pending:sum{scheduling_state="NO_RESOURCES"} > 0
+            |||,
+            'for': c.rayPlacementGroupsWaitingFor,
+            labels: { severity: 'warning', layer: 'placement' },
+            annotations: {
+              summary: 'Ray placement groups wait for resources that are in use.',
+              description: '{{ $value }} Ray placement group(s) of workload ' + workloadText + ' have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor,
+            },
+          },
+        ],
+      },
+      {
+        name: 'gpuledger.startup',
+        rules: [
+          {
+            alert: 'GpuLedgerWorkloadStartingTooLong',
+            expr: |||
+              max by (%(wkey)s) (gpuledger:workload_stage:onehot{stage="starting"} == 1)
+            ||| % { wkey: wkey },
+            'for': c.workloadStartingFor,
+            labels: { severity: 'warning', layer: 'startup' },
+            annotations: {
+              summary: 'A workload is placed but its engines have not come up.',
+              description: 'Workload ' + workloadText + ' has been starting for %s: its pods are placed on nodes, but GPU containers are not ready or vLLM engines do not answer.' % c.workloadStartingFor,
+            },
+          },
+        ],
+      },
+      {
+        name: 'gpuledger.engine',
+        rules: [
+          {
+            alert: 'GpuLedgerEngineQueueingKvCachePressure',
+            expr: |||
+              max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s} >= %(pressure)g)
+              and on (%(ekey)s)
+              (gpuledger:engine_queueing:max == 1)
+              %(inStage)s%(notImbalanced)s
+            ||| % {
+              ekey: ekey,
+              sel: sel,
+              pressure: c.kvCachePressureRatio,
+              inStage: std.rstripChars(inStage('engine_queueing'), '\n') + '\n',
+              notImbalanced: notImbalanced,
+            },
+            'for': c.engineKvCachePressureFor,
+            labels: { severity: 'warning', layer: 'engine' },
+            annotations: {
+              summary: 'A vLLM engine queues requests because its KV cache is full.',
+              description: 'Requests have been waiting in ' + engineText + ' for %s with its KV cache {{ $value | humanizePercentage }} full, and no sibling engine has headroom.' % c.engineKvCachePressureFor,
+            },
+          },
+          {
+            alert: 'GpuLedgerEngineQueueingAtMaxNumSeqs',
+            expr: |||
+              max by (%(ekey)s) (gpuledger_engine_requests{%(sel)s, state="waiting"})
+              * on (%(ekey)s) group_left (max_num_seqs)
+              max by (%(ekey)s, max_num_seqs) (gpuledger_engine_config_info{%(sel)s})
+              and on (%(ekey)s)
+              (gpuledger:engine_queueing:max == 1)
+              and on (%(ekey)s)
+              (gpuledger:engine_at_max_num_seqs:max == 1)
+              and on (%(ekey)s)
+              (max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s}) < %(headroom)g)
+              %(inStage)s%(notImbalanced)s
+            ||| % {
+              ekey: ekey,
+              sel: sel,
+              headroom: c.kvCacheHeadroomRatio,
+              inStage: std.rstripChars(inStage('engine_queueing'), '\n') + '\n',
+              notImbalanced: notImbalanced,
+            },
+            'for': c.engineMaxNumSeqsFor,
+            labels: { severity: 'warning', layer: 'engine' },
+            annotations: {
+              summary: 'A vLLM engine queues requests at max_num_seqs while its KV cache has room.',
+              description: '{{ $value }} request(s) have been waiting in ' + engineText + ' for %s while it runs max_num_seqs={{ $labels.max_num_seqs }} requests and its KV cache is below %s%%: the max_num_seqs setting, not memory, bounds the batch, and no sibling engine has headroom.' % [c.engineMaxNumSeqsFor, '%g' % (c.kvCacheHeadroomRatio * 100)],
+            },
+          },
+          {
+            alert: 'GpuLedgerEngineParallelismMismatch',
+            expr: |||
+              (
+                max by (%(ekey)s) (gpuledger_engine_gpus{%(sel)s, state="in_use"})
+                != on (%(ekey)s)
+                max by (%(ekey)s) (gpuledger_engine_gpus{%(sel)s, state="configured"})
+              )
+              * on (%(ekey)s) group_left (tensor_parallel_size, pipeline_parallel_size)
+              max by (%(ekey)s, tensor_parallel_size, pipeline_parallel_size) (gpuledger_engine_config_info{%(sel)s})
+              and on (%(ekey)s)
+              (max by (%(ekey)s) (gpuledger_engine_up{%(sel)s}) == 1)
+            ||| % { ekey: ekey, sel: sel },
+            'for': c.engineParallelismMismatchFor,
+            labels: { severity: 'warning', layer: 'engine' },
+            annotations: {
+              summary: "A vLLM engine's processes hold a different number of GPUs than its parallelism needs.",
+              description: 'The processes of ' + engineText + ' have held {{ $value }} GPU(s) for %s, but tensor_parallel_size={{ $labels.tensor_parallel_size }} x pipeline_parallel_size={{ $labels.pipeline_parallel_size }} needs one GPU per rank.' % c.engineParallelismMismatchFor,
+            },
+          },
+        ],
+      },
+      {
+        name: 'gpuledger.routing',
+        rules: [
+          {
+            alert: 'GpuLedgerRoutingImbalance',
+            expr: |||
+              gpuledger:workload_routing_imbalance:count > 0
+              %(inStage)s
+            ||| % { inStage: std.rstripChars(inStage('engine_queueing'), '\n') },
+            'for': c.routingImbalanceFor,
+            labels: { severity: 'warning', layer: 'routing' },
+            annotations: {
+              summary: 'Some engines of a workload queue while sibling engines have headroom.',
+              description: '{{ $value }} engine(s) of workload ' + workloadText + ' have had requests waiting for %s while ' % c.routingImbalanceFor
+                           + '{{ with printf `gpuledger:workload_engines_with_headroom:count{' + cl + '=%q,namespace=%q,workload=%q}` $labels.' + cl + ' $labels.namespace $labels.workload | query }}{{ . | first | value }}{{ else }}some{{ end }}'
+                           + ' sibling engine(s) have headroom: requests are not spread over the replicas.',
+            },
+          },
+        ],
+      },
+      {
+        name: 'gpuledger.ledger',
+        rules: [
+          {
+            alert: 'GpuLedgerGpuAllocatedUnused',
+            expr: |||
+              max by (%(cl)s, node, namespace, workload, pod, pod_uid, container, gpu_uuid) (gpuledger_gpu_allocated_unused{%(sel)s} == 1)
+              unless on (%(cl)s, pod_uid)
+              (gpuledger_pod_starting{%(sel)s} == 1)
+              %(ledgerSourcesUp)s
+            ||| % { cl: cl, sel: sel, ledgerSourcesUp: std.rstripChars(ledgerSourcesUp, '\n') },
+            'for': c.gpuAllocatedUnusedFor,
+            labels: { severity: 'warning', layer: 'ledger' },
+            annotations: {
+              summary: 'A GPU is allocated to a container that does not use it.',
+              description: 'GPU {{ $labels.gpu_uuid }} on node {{ $labels.node }} has been allocated to container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} (workload {{ $labels.workload }}) for %s, but no process of that container holds a context on it.' % c.gpuAllocatedUnusedFor,
+            },
+          },
+          {
+            alert: 'GpuLedgerGpuUnallocatedUse',
+            expr: |||
+              max by (%(cl)s, node, namespace, workload, pod, pod_uid, container, gpu_uuid) (gpuledger_gpu_unallocated_use{%(sel)s} == 1)
+              %(ledgerSourcesUp)s
+            ||| % { cl: cl, sel: sel, ledgerSourcesUp: std.rstripChars(ledgerSourcesUp, '\n') },
+            'for': c.gpuUnallocatedUseFor,
+            labels: { severity: 'warning', layer: 'ledger' },
+            annotations: {
+              summary: 'A container uses a GPU that is not allocated to it.',
+              description: 'Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} (workload {{ $labels.workload }}) has been using GPU {{ $labels.gpu_uuid }} on node {{ $labels.node }} for %s without Kubernetes allocating it to that container.' % c.gpuUnallocatedUseFor,
+            },
+          },
+          {
+            alert: 'GpuLedgerRayGpusExceedAllocation',
+            expr: |||
+              max by (%(rkey)s) (gpuledger_ray_node_gpus{%(sel)s, state="total"})
+              > on (%(rkey)s)
+              max by (%(rkey)s) (gpuledger_ray_node_gpus{%(sel)s, state="allocated"})
+              %(ledgerSourcesUp)s
+            ||| % {
+              rkey: '%s, node, namespace, pod, pod_uid, ray_node_id' % cl,
+              sel: sel,
+              ledgerSourcesUp: std.rstripChars(ledgerSourcesUp, '\n'),
+            },
+            'for': c.rayGpusExceedAllocationFor,
+            labels: { severity: 'warning', layer: 'ledger' },
+            annotations: {
+              summary: 'A Ray node advertises more GPUs than Kubernetes allocated to its pod.',
+              description: 'Ray node {{ $labels.ray_node_id }} in pod {{ $labels.namespace }}/{{ $labels.pod }} has advertised {{ $value }} logical GPU(s) for %s, but Kubernetes allocated ' % c.rayGpusExceedAllocationFor
+                           + '{{ with printf `gpuledger_ray_node_gpus{state="allocated",pod_uid=%q,ray_node_id=%q}` $labels.pod_uid $labels.ray_node_id | query }}{{ . | first | value }}{{ else }}no{{ end }}'
+                           + ' GPU(s) to the pod: Ray can schedule GPU actors onto GPUs the pod does not own (double booking).',
+            },
+          },
+        ],
+      },
+      {
+        name: 'gpuledger.exporter',
+        rules: [
+          {
+            alert: 'GpuLedgerExporterDown',
+            expr: |||
+              up{%(sel)s} == 0
+            ||| % { sel: sel },
+            'for': c.exporterDownFor,
+            labels: { severity: 'critical', layer: 'exporter' },
+            annotations: {
+              summary: 'Prometheus cannot scrape a gpuledger exporter.',
+              description: 'Prometheus has failed to scrape {{ $labels.instance }} (job {{ $labels.job }}) for %s: the GPUs, pods or pending work it reports are invisible, and their alerts cannot fire.' % c.exporterDownFor,
+            },
+          },
+          {
+            alert: 'GpuLedgerSourceDown',
+            // A source that is not configured (no vLLM targets, no Ray address) is also
+            // reported 0, but never counts an error: a down source that has errors is
+            // one whose fetches fail.
+            expr: |||
+              gpuledger_source_up{%(sel)s} == 0
+              and on (%(cl)s, job, instance, source)
+              sum by (%(cl)s, job, instance, source) (gpuledger_source_errors_total{%(sel)s}) > 0
+            ||| % { cl: cl, sel: sel },
+            'for': c.sourceDownFor,
+            labels: { severity: 'warning', layer: 'exporter' },
+            annotations: {
+              summary: 'A gpuledger source keeps failing.',
+              description: 'Source {{ $labels.source }} of the gpuledger exporter on node {{ $labels.node }} ({{ $labels.instance }}) has failed every fetch for %s' % c.sourceDownFor
+                           + '{{ with printf `topk(1, increase(gpuledger_source_errors_total{instance=%q,source=%q}[5m]))` $labels.instance $labels.source | query }} (reason {{ . | first | label "reason" }}){{ end }}'
+                           + '; its series are missing until it recovers.',
+            },
+          },
+          {
+            alert: 'GpuLedgerSnapshotStale',
+            expr: |||
+              gpuledger_snapshot_age_seconds{%(sel)s} > %(stale)d
+            ||| % { sel: sel, stale: c.snapshotStaleSeconds },
+            'for': c.snapshotStaleFor,
+            labels: { severity: 'critical', layer: 'exporter' },
+            annotations: {
+              summary: "The gpuledger exporter's snapshot is stale.",
+              description: 'The gpuledger exporter on node {{ $labels.node }} ({{ $labels.instance }}) serves a snapshot {{ $value | humanizeDuration }} old, older than %ds for %s: its collection loop is stuck, and every gpuledger series from it is frozen.' % [c.snapshotStaleSeconds, c.snapshotStaleFor],
+            },
+          },
+        ],
+      },
+    ],
+  },
+}

@@ -1,0 +1,158 @@
+// Engine and routing layers, plus healthy and idle workloads that must stay silent.
+local f = import 'fixtures.libsonnet';
+local t = import 'lib.libsonnet';
+local c = t.config;
+
+local engineText(pod, workload='chat', model='llama-3-8b') =
+  'engine 0 (model %s) in pod ml/%s of workload %s' % [model, pod, workload];
+
+{
+  // Shared with paired.jsonnet: the same engines, with and without a placement problem.
+  kvPressureEngines::
+    f.engine('chat-a', waiting=4, running=6, kv=0.95, gpus=['GPU-a'], preemptionsPerMinute=3)
+    + f.engine('chat-b', waiting=2, running=6, kv=0.97, gpus=['GPU-b'], preemptionsPerMinute=1),
+  kvPressureAlerts:: [
+    t.alert(
+      'GpuLedgerEngineQueueingKvCachePressure',
+      f.engineKey('chat-a'),
+      'Requests have been waiting in %s for %s with its KV cache 95%% full, and no sibling engine has headroom.' % [engineText('chat-a'), c.engineKvCachePressureFor],
+    ),
+    t.alert(
+      'GpuLedgerEngineQueueingKvCachePressure',
+      f.engineKey('chat-b'),
+      'Requests have been waiting in %s for %s with its KV cache 97%% full, and no sibling engine has headroom.' % [engineText('chat-b'), c.engineKvCachePressureFor],
+    ),
+  ],
+
+  maxNumSeqsEngines::
+    f.engine('chat-a', waiting=5, running=8, kv=0.4, maxNumSeqs=8, gpus=['GPU-a'])
+    + f.engine('chat-b', waiting=3, running=8, kv=0.45, maxNumSeqs=8, gpus=['GPU-b']),
+  local maxNumSeqsAlert(pod, waiting) = t.alert(
+    'GpuLedgerEngineQueueingAtMaxNumSeqs',
+    f.engineKey(pod) { max_num_seqs: '8' },
+    '%d request(s) have been waiting in %s for %s while it runs max_num_seqs=8 requests and its KV cache is below %g%%: the max_num_seqs setting, not memory, bounds the batch, and no sibling engine has headroom.'
+    % [waiting, engineText(pod), c.engineMaxNumSeqsFor, c.kvCacheHeadroomRatio * 100],
+  ),
+  maxNumSeqsAlerts:: [maxNumSeqsAlert('chat-a', 5), maxNumSeqsAlert('chat-b', 3)],
+
+  // chat-a is full and queues; chat-b, its sibling, is nearly empty.
+  stickyRoutingEngines::
+    f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'])
+    + f.engine('chat-b', waiting=0, running=1, kv=0.05, maxNumSeqs=8, gpus=['GPU-b']),
+  stickyRoutingAlerts:: [
+    t.alert(
+      'GpuLedgerRoutingImbalance',
+      { namespace: 'ml', workload: 'chat' },
+      '1 engine(s) of workload ml/chat have had requests waiting for %s while 1 sibling engine(s) have headroom: requests are not spread over the replicas.' % c.routingImbalanceFor,
+    ),
+  ],
+
+  tests:: [
+    t.scenario(
+      'healthy: serving, nothing waits',
+      f.engine('chat-a', waiting=0, running=3, kv=0.3, gpus=['GPU-a'], preemptionsPerMinute=6)
+      + f.engine('chat-b', waiting=0, running=5, kv=0.35, gpus=['GPU-b']),
+      stages={ 'ml/chat': 'serving' },
+      exprs=[
+        t.expr('gpuledger:workload_requests_running:sum', { 'gpuledger:workload_requests_running:sum{namespace="ml",workload="chat"}': 8 }),
+        t.expr('gpuledger:workload_requests_waiting:sum', { 'gpuledger:workload_requests_waiting:sum{namespace="ml",workload="chat"}': 0 }),
+        t.expr('gpuledger:workload_kv_cache_usage:max', { 'gpuledger:workload_kv_cache_usage:max{namespace="ml",workload="chat"}': 0.35 }),
+        // 6 preemptions a minute.
+        t.expr('gpuledger:workload_preemptions:rate5m', { 'gpuledger:workload_preemptions:rate5m{namespace="ml",workload="chat"}': 0.1 }),
+        t.expr('gpuledger:workload_engines_up:sum', { 'gpuledger:workload_engines_up:sum{namespace="ml",workload="chat"}': 2 }),
+        t.expr('gpuledger:workload_engines_expected:count', { 'gpuledger:workload_engines_expected:count{namespace="ml",workload="chat"}': 2 }),
+        t.expr('gpuledger:workload_engines_with_headroom:count', { 'gpuledger:workload_engines_with_headroom:count{namespace="ml",workload="chat"}': 2 }),
+        t.expr('gpuledger:workload_engines_queueing:count', { 'gpuledger:workload_engines_queueing:count{namespace="ml",workload="chat"}': 0 }),
+        t.expr('gpuledger:workload_routing_imbalance:count', { 'gpuledger:workload_routing_imbalance:count{namespace="ml",workload="chat"}': 0 }),
+        t.expr('gpuledger:workload_stage_code:max', { 'gpuledger:workload_stage_code:max{namespace="ml",workload="chat"}': 1 }),
+      ],
+    ),
+
+    t.scenario(
+      'idle: engines up, no requests',
+      f.engine('chat-a', gpus=['GPU-a']),
+      stages={ 'ml/chat': 'idle' },
+    ),
+
+    t.scenario(
+      'KV-cache pressure',
+      $.kvPressureEngines,
+      fires=$.kvPressureAlerts,
+      stages={ 'ml/chat': 'engine_queueing' },
+      exprs=[
+        t.expr('gpuledger:workload_requests_waiting_by_reason:sum', {
+          'gpuledger:workload_requests_waiting_by_reason:sum{namespace="ml",reason="capacity",workload="chat"}': 6,
+          'gpuledger:workload_requests_waiting_by_reason:sum{namespace="ml",reason="deferred",workload="chat"}': 0,
+        }),
+        t.expr('gpuledger:workload_engines_with_headroom:count', { 'gpuledger:workload_engines_with_headroom:count{namespace="ml",workload="chat"}': 0 }),
+      ],
+    ),
+
+    t.scenario(
+      'bound by max_num_seqs with KV headroom',
+      $.maxNumSeqsEngines,
+      fires=$.maxNumSeqsAlerts,
+      stages={ 'ml/chat': 'engine_queueing' },
+      exprs=[
+        t.expr('gpuledger:engine_at_max_num_seqs:max', {
+          ['gpuledger:engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="%s",pod_uid="uid-%s",workload="chat"}' % [p, p]]: 1
+          for p in ['chat-a', 'chat-b']
+        }),
+      ],
+    ),
+
+    // Between the headroom and the pressure ratios, and below max_num_seqs: the engine
+    // queues, but neither engine alert claims a cause it cannot prove.
+    t.scenario(
+      'queueing between the KV thresholds: no engine alert',
+      f.engine('chat-a', waiting=2, running=5, kv=0.85, maxNumSeqs=8, gpus=['GPU-a']),
+      stages={ 'ml/chat': 'engine_queueing' },
+    ),
+
+    t.scenario(
+      'sticky routing',
+      $.stickyRoutingEngines,
+      fires=$.stickyRoutingAlerts,
+      stages={ 'ml/chat': 'engine_queueing' },
+      exprs=[
+        t.expr('gpuledger:workload_engines_queueing:count', { 'gpuledger:workload_engines_queueing:count{namespace="ml",workload="chat"}': 1 }),
+        t.expr('gpuledger:workload_engines_with_headroom:count', { 'gpuledger:workload_engines_with_headroom:count{namespace="ml",workload="chat"}': 1 }),
+        t.expr('gpuledger:workload_routing_imbalance:count', { 'gpuledger:workload_routing_imbalance:count{namespace="ml",workload="chat"}': 1 }),
+        t.expr('gpuledger:engine_at_max_num_seqs:max{pod="chat-a"}', {
+          'gpuledger:engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",workload="chat"}': 1,
+        }),
+      ],
+    ),
+
+    // A sibling that is idle but itself at max_num_seqs has no headroom: not a routing problem.
+    t.scenario(
+      'every engine full: no routing imbalance',
+      f.engine('chat-a', waiting=3, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'])
+      + f.engine('chat-b', waiting=0, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-b']),
+      fires=[maxNumSeqsAlert('chat-a', 3)],
+      stages={ 'ml/chat': 'engine_queueing' },
+      exprs=[
+        t.expr('gpuledger:workload_routing_imbalance:count', { 'gpuledger:workload_routing_imbalance:count{namespace="ml",workload="chat"}': 0 }),
+      ],
+    ),
+
+    t.scenario(
+      'engine parallelism mismatch',
+      // tensor parallel 4, but its processes hold 2 GPUs.
+      f.engine('big-a', workload='big', model='llama-3-70b', running=2, kv=0.2, tp=4, gpus=['GPU-1', 'GPU-2'])
+      // Consistent: 2 x 2 = 4 GPUs, and 3 x 1 = 3.
+      + f.engine('pp-a', workload='pp', running=1, tp=2, pp=2, gpus=['GPU-3', 'GPU-4', 'GPU-5', 'GPU-6'])
+      + f.engine('odd-a', workload='odd', running=1, tp=3, gpus=['GPU-7', 'GPU-8', 'GPU-9'])
+      // Processes not found (remote engine): nothing in use to compare.
+      + f.engine('remote-a', workload='remote', running=1, tp=2, gpus=[]),
+      fires=[
+        t.alert(
+          'GpuLedgerEngineParallelismMismatch',
+          f.engineKey('big-a', workload='big', model='llama-3-70b') { tensor_parallel_size: '4', pipeline_parallel_size: '1' },
+          'The processes of %s have held 2 GPU(s) for %s, but tensor_parallel_size=4 x pipeline_parallel_size=1 needs one GPU per rank.' % [engineText('big-a', 'big', 'llama-3-70b'), c.engineParallelismMismatchFor],
+        ),
+      ],
+      stages={ 'ml/big': 'serving', 'ml/pp': 'serving', 'ml/odd': 'serving', 'ml/remote': 'serving' },
+    ),
+  ],
+}

@@ -1,0 +1,133 @@
+// Series as the gpuledger exporters expose them, for the promtool scenarios.
+// Node-mode series carry the DaemonSet pod's job/instance and `node`; cluster-mode series
+// (pending pods, Ray placement groups and pending GPUs) the Deployment's.
+local t = import 'lib.libsonnet';
+
+local nodeExporter = { job: 'gpuledger', instance: '10.0.0.11:9402', node: 'gpu-node-1' };
+local clusterExporter = { job: 'gpuledger-cluster', instance: '10.0.0.5:9402', node: 'control-1' };
+
+{
+  nodeExporter:: nodeExporter,
+  clusterExporter:: clusterExporter,
+
+  // The labels that identify an engine on alerts (no job/instance: rules aggregate them away).
+  engineKey(pod, namespace='ml', workload='chat', engine='0', model='llama-3-8b'):: {
+    node: nodeExporter.node,
+    namespace: namespace,
+    workload: workload,
+    pod: pod,
+    pod_uid: 'uid-' + pod,
+    model_name: model,
+    engine: engine,
+  },
+
+  // One vLLM engine (a data-parallel rank `engine` of the API server in `pod`).
+  // gpus: GPU UUIDs its processes hold (gpuledger_engine_gpu_info, gpus{state="in_use"});
+  // maxNumSeqs=null: --max-num-seqs not set.
+  engine(pod,
+         namespace='ml',
+         workload='chat',
+         engine='0',
+         model='llama-3-8b',
+         up=1,
+         waiting=0,
+         running=0,
+         kv=0.3,
+         maxNumSeqs=8,
+         tp=1,
+         pp=1,
+         gpus=[],
+         preemptionsPerMinute=0)::
+    local key = nodeExporter + $.engineKey(pod, namespace, workload, engine, model);
+    [
+      t.gauge('gpuledger_engine_up', key, up),
+      t.gauge('gpuledger_engine_config_info', key {
+        tensor_parallel_size: std.toString(tp),
+        pipeline_parallel_size: std.toString(pp),
+        data_parallel_size: '1',
+        max_num_seqs: if maxNumSeqs == null then '' else std.toString(maxNumSeqs),
+        num_gpu_blocks: '4096',
+        block_size: '16',
+      }, 1),
+      t.gauge('gpuledger_engine_gpus', key { state: 'configured' }, tp * pp),
+    ]
+    + (if maxNumSeqs == null then [] else [t.gauge('gpuledger_engine_max_num_seqs', key, maxNumSeqs)])
+    + (if gpus == [] then [] else [t.gauge('gpuledger_engine_gpus', key { state: 'in_use' }, std.length(gpus))])
+    + [
+      t.gauge('gpuledger_engine_gpu_info', key { gpu_uuid: gpus[i], role: if std.length(gpus) == 1 then 'engine_core' else 'worker', rank: std.toString(i) }, 1)
+      for i in std.range(0, std.length(gpus) - 1)
+    ]
+    + (if up == 1 then [
+         t.gauge('gpuledger_engine_requests', key { state: 'waiting' }, waiting),
+         t.gauge('gpuledger_engine_requests', key { state: 'running' }, running),
+         t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'capacity' }, waiting),
+         t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'deferred' }, 0),
+         t.gauge('gpuledger_engine_kv_cache_usage_ratio', key, kv),
+         t.counter('gpuledger_engine_preemptions_total', key, preemptionsPerMinute),
+       ] else []),
+
+  // A pod the scheduler has not placed (cluster-mode exporter).
+  pendingPod(pod, reason, gpus, namespace='ml', workload='chat')::
+    local key = clusterExporter { namespace: namespace, pod: pod, pod_uid: 'uid-' + pod, workload: workload };
+    [
+      t.gauge('gpuledger_pod_pending_placement', key { reason: reason }, 1),
+      t.gauge('gpuledger_pod_pending_gpus', key, gpus),
+      t.gauge('gpuledger_pod_pending_since_timestamp_seconds', key, 0),
+    ],
+
+  // A pod placed on the node whose GPU containers are not Ready yet.
+  startingPod(pod, namespace='ml', workload='chat')::
+    [t.gauge('gpuledger_pod_starting', nodeExporter { namespace: namespace, pod: pod, pod_uid: 'uid-' + pod, workload: workload }, 1)],
+
+  // Kubernetes allocated these GPUs to the pod's container.
+  allocation(pod, gpus, namespace='ml', container='vllm')::
+    [
+      t.gauge('gpuledger_gpu_allocation_info', nodeExporter {
+        namespace: namespace,
+        pod: pod,
+        pod_uid: 'uid-' + pod,
+        container: container,
+        gpu_uuid: g,
+        resource: 'nvidia.com/gpu',
+      }, 1)
+      for g in gpus
+    ],
+
+  // gpuledger_gpu_allocated_unused / gpuledger_gpu_unallocated_use of one container and GPU.
+  ledgerFlag(metric, pod, gpu, value=1, namespace='ml', workload='chat', container='vllm')::
+    [t.gauge(metric, nodeExporter {
+      namespace: namespace,
+      pod: pod,
+      pod_uid: 'uid-' + pod,
+      container: container,
+      workload: workload,
+      gpu_uuid: gpu,
+    }, value)],
+
+  // gpuledger_source_up of the node exporter. down: sources whose fetches fail (their
+  // error counter grows); disabled: sources not configured (0, and no errors).
+  sources(down=[], disabled=[])::
+    [
+      t.gauge('gpuledger_source_up', nodeExporter { source: s }, if std.member(down + disabled, s) then 0 else 1)
+      for s in ['nvml', 'procfs', 'podresources', 'kubernetes', 'vllm', 'ray']
+    ]
+    + [t.counter('gpuledger_source_errors_total', nodeExporter { source: s, reason: 'timeout' }, 6, start=1) for s in down],
+
+  // A Ray node that is a pod on this node: Ray's logical GPUs, and the GPUs Kubernetes
+  // allocated to the pod (allocated=null: unknown, PodResources not read).
+  rayNode(pod, rayNodeId, total, available, allocated=null, namespace='ray')::
+    local key = nodeExporter { namespace: namespace, pod: pod, pod_uid: 'uid-' + pod, ray_node_id: rayNodeId };
+    [
+      t.gauge('gpuledger_ray_node_gpus', key { state: 'total' }, total),
+      t.gauge('gpuledger_ray_node_gpus', key { state: 'available' }, available),
+    ]
+    + (if allocated == null then [] else [t.gauge('gpuledger_ray_node_gpus', key { state: 'allocated' }, allocated)]),
+
+  // Cluster-mode Ray series; namespace=null: the exporter does not know it.
+  local rayKey(workload, namespace) =
+    clusterExporter { workload: workload } + (if namespace == null then {} else { namespace: namespace }),
+  rayPlacementGroups(workload, schedulingState, count, namespace=null)::
+    [t.gauge('gpuledger_ray_placement_groups', rayKey(workload, namespace) { state: 'PENDING', scheduling_state: schedulingState }, count)],
+  rayPendingGpus(workload, kind, gpus, namespace=null)::
+    [t.gauge('gpuledger_ray_pending_gpus', rayKey(workload, namespace) { kind: kind }, gpus)],
+}

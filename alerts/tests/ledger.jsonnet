@@ -1,0 +1,100 @@
+// Ledger layer: what Kubernetes allocated vs what processes use vs what Ray believes.
+local f = import 'fixtures.libsonnet';
+local t = import 'lib.libsonnet';
+local c = t.config;
+
+local unusedAlert = t.alert(
+  'GpuLedgerGpuAllocatedUnused',
+  {
+    node: 'gpu-node-1',
+    namespace: 'ml',
+    workload: 'embed',
+    pod: 'embed-a',
+    pod_uid: 'uid-embed-a',
+    container: 'vllm',
+    gpu_uuid: 'GPU-e2',
+  },
+  'GPU GPU-e2 on node gpu-node-1 has been allocated to container vllm of pod ml/embed-a (workload embed) for %s, but no process of that container holds a context on it.' % c.gpuAllocatedUnusedFor,
+);
+
+// Serving with one GPU; the pod asked for two.
+local allocatedUnused =
+  f.engine('embed-a', workload='embed', running=2, gpus=['GPU-e1'])
+  + f.allocation('embed-a', ['GPU-e1', 'GPU-e2'])
+  + f.ledgerFlag('gpuledger_gpu_allocated_unused', 'embed-a', 'GPU-e1', value=0, workload='embed')
+  + f.ledgerFlag('gpuledger_gpu_allocated_unused', 'embed-a', 'GPU-e2', workload='embed');
+
+local doubleBookingDescription(pod, rayNode, total, allocated) =
+  'Ray node %s in pod ray/%s has advertised %d logical GPU(s) for %s, but Kubernetes allocated %d GPU(s) to the pod: Ray can schedule GPU actors onto GPUs the pod does not own (double booking).'
+  % [rayNode, pod, total, c.rayGpusExceedAllocationFor, allocated];
+local rayKey(pod, rayNode) = { node: 'gpu-node-1', namespace: 'ray', pod: pod, pod_uid: 'uid-' + pod, ray_node_id: rayNode };
+
+t.file([
+  t.scenario(
+    'GPU allocated but unused',
+    allocatedUnused + f.sources(),
+    fires=[unusedAlert],
+    stages={ 'ml/embed': 'serving' },
+  ),
+
+  // The same ledger while procfs fails: the ledger is blind, the source alert says so.
+  t.scenario(
+    'GPU allocated but unused while procfs is down: only the source alert',
+    allocatedUnused + f.sources(down=['procfs']),
+    fires=[
+      t.alert(
+        'GpuLedgerSourceDown',
+        f.nodeExporter { source: 'procfs' },
+        'Source procfs of the gpuledger exporter on node gpu-node-1 (10.0.0.11:9402) has failed every fetch for %s (reason timeout); its series are missing until it recovers.' % c.sourceDownFor,
+      ),
+    ],
+    stages={ 'ml/embed': 'serving' },
+  ),
+
+  t.scenario(
+    'GPU used without allocation',
+    f.ledgerFlag('gpuledger_gpu_unallocated_use', 'notebook-x', 'GPU-n1', namespace='research', workload='notebook-x', container='jupyter')
+    + f.sources(),
+    fires=[
+      t.alert(
+        'GpuLedgerGpuUnallocatedUse',
+        {
+          node: 'gpu-node-1',
+          namespace: 'research',
+          workload: 'notebook-x',
+          pod: 'notebook-x',
+          pod_uid: 'uid-notebook-x',
+          container: 'jupyter',
+          gpu_uuid: 'GPU-n1',
+        },
+        'Container jupyter of pod research/notebook-x (workload notebook-x) has been using GPU GPU-n1 on node gpu-node-1 for %s without Kubernetes allocating it to that container.' % c.gpuUnallocatedUseFor,
+      ),
+    ],
+  ),
+
+  t.scenario(
+    'double booking: Ray logical GPUs exceed the pod allocation',
+    // 4 logical GPUs on 2 allocated ones; 2 on none; 2 on 2 (fine); 8 on unknown (silent).
+    f.rayNode('ray-llm-worker-a', 'node-a', 4, 0, allocated=2) + f.allocation('ray-llm-worker-a', ['GPU-w1', 'GPU-w2'], namespace='ray', container='ray-worker')
+    + f.rayNode('ray-llm-worker-b', 'node-b', 2, 2, allocated=0)
+    + f.rayNode('ray-llm-worker-c', 'node-c', 2, 1, allocated=2) + f.allocation('ray-llm-worker-c', ['GPU-w3', 'GPU-w4'], namespace='ray', container='ray-worker')
+    + f.rayNode('ray-llm-worker-d', 'node-d', 8, 8)
+    + f.sources(),
+    fires=[
+      t.alert('GpuLedgerRayGpusExceedAllocation', rayKey('ray-llm-worker-a', 'node-a'), doubleBookingDescription('ray-llm-worker-a', 'node-a', 4, 2)),
+      t.alert('GpuLedgerRayGpusExceedAllocation', rayKey('ray-llm-worker-b', 'node-b'), doubleBookingDescription('ray-llm-worker-b', 'node-b', 2, 0)),
+    ],
+    exprs=[
+      t.expr('gpuledger:pod_gpus_allocated:count', {
+        'gpuledger:pod_gpus_allocated:count{namespace="ray",node="gpu-node-1",pod="ray-llm-worker-a",pod_uid="uid-ray-llm-worker-a"}': 2,
+        'gpuledger:pod_gpus_allocated:count{namespace="ray",node="gpu-node-1",pod="ray-llm-worker-c",pod_uid="uid-ray-llm-worker-c"}': 2,
+      }),
+    ],
+  ),
+
+  t.scenario(
+    'Ray within its allocation: silent',
+    f.rayNode('ray-llm-worker-c', 'node-c', 2, 0, allocated=2) + f.allocation('ray-llm-worker-c', ['GPU-w3', 'GPU-w4'], namespace='ray', container='ray-worker')
+    + f.sources(),
+  ),
+])

@@ -1,0 +1,140 @@
+// Helpers that turn scenarios into promtool rule-test files (scripts/render-mixin renders
+// every alerts/tests/*.jsonnet into the .yaml next to it).
+//
+// A scenario names the one alert it must fire (or none). For it, the rendered test checks
+// every alert of the mixin, not only the expected one:
+//   * one minute before the expected alert's `for` ends: nothing fires;
+//   * when its `for` ends: exactly the expected alerts fire, every other alert is silent;
+//   * at the horizon, after the longest `for` of any alert: still exactly those.
+// so "fires exactly its alert" covers both sides of the `for:` boundary and every alert
+// that could have fired by mistake. Thresholds and `for` values come from the config,
+// so the tests follow a change of config.libsonnet.
+local mixin = import '../../mixin.libsonnet';
+
+local config = mixin._config;
+local groupNames = [g.name for g in mixin.prometheusRules.groups + mixin.prometheusAlerts.groups];
+local alertRules = {
+  [r.alert]: r
+  for g in mixin.prometheusAlerts.groups
+  for r in g.rules
+};
+
+// '10m' -> 10, '1h' -> 60. Tests run on a one-minute grid.
+local minutes(d) =
+  local unit = std.substr(d, std.length(d) - 1, 1);
+  local n = std.parseInt(std.substr(d, 0, std.length(d) - 1));
+  if unit == 'm' then n
+  else if unit == 'h' then n * 60
+  else error 'for: %s is not whole minutes or hours' % d;
+
+local horizon = std.foldl(std.max, [minutes(r['for']) for r in std.objectValues(alertRules)], 0) + 10;
+// Samples cover the horizon with room for the 5m rate windows.
+local samples = horizon + 10;
+
+// String concatenation rather than `%`: std.format is slow in the C++ jsonnet, and
+// scenarios build thousands of these.
+local labelString(labels) =
+  std.join(',', [k + '="' + labels[k] + '"' for k in std.objectFields(labels)]);
+local duration(minute) = std.toString(minute) + 'm';
+
+{
+  config:: config,
+  alertNames:: std.objectFields(alertRules),
+  horizon:: horizon,
+  minutes:: minutes,
+
+  // Input series ---------------------------------------------------------------------
+
+  // A gauge constant over the whole test: 'v+0xN'.
+  gauge(name, labels, value):: {
+    series: name + '{' + labelString(labels) + '}',
+    values: std.toString(value) + '+0x' + std.toString(samples),
+  },
+  // A counter growing by `perMinute` every minute from `start`.
+  counter(name, labels, perMinute, start=0):: {
+    series: name + '{' + labelString(labels) + '}',
+    values: std.toString(start) + '+' + std.toString(perMinute) + 'x' + std.toString(samples),
+  },
+
+  // Expected alerts ------------------------------------------------------------------
+
+  // One firing alert: its labels (the rule's own labels are added) and its description
+  // as the template must render it. summary and runbook_url come from the rule.
+  alert(name, labels, description):: {
+    alertname: name,
+    alert: {
+      exp_labels: labels + alertRules[name].labels,
+      exp_annotations: {
+        summary: alertRules[name].annotations.summary,
+        description: description,
+        runbook_url: alertRules[name].annotations.runbook_url,
+      },
+    },
+  },
+
+  // A scenario: a test group.
+  //   fires:  [alert(...)] all of one alert name, or [] when nothing may fire
+  //   stages: {'namespace/workload': stage} expected at the horizon (every workload the
+  //           rules know must be listed)
+  //   exprs:  extra promql_expr_test cases
+  scenario(name, series, fires=[], stages={}, exprs=[])::
+    local names = std.set([f.alertname for f in fires]);
+    assert std.length(names) <= 1 : 'scenario %s: one alert name per scenario' % name;
+    local expected = if std.length(names) == 1 then names[0] else null;
+    local at = if expected == null then horizon else minutes(alertRules[expected]['for']);
+    local check(minute, firing) = [
+      {
+        eval_time: duration(minute),
+        alertname: a,
+        exp_alerts: if firing && a == expected then [f.alert for f in fires] else [],
+      }
+      for a in std.objectFields(alertRules)
+    ];
+    local stageSample(key, stage) =
+      local parts = std.split(key, '/');
+      local labels =
+        (if std.length(parts) == 2 && parts[0] != '' then { namespace: parts[0] } else {})
+        + { workload: parts[std.length(parts) - 1], stage: stage };
+      { labels: 'gpuledger:workload_stage:onehot{' + labelString(labels) + '}', value: 1 };
+    {
+      name: name,
+      interval: '1m',
+      input_series: series,
+      alert_rule_test:
+        (if expected == null then [] else check(at - 1, false) + check(at, true))
+        + check(horizon, true),
+      promql_expr_test: [
+        {
+          expr: 'gpuledger:workload_stage:onehot == 1',
+          eval_time: duration(horizon),
+          exp_samples: [stageSample(k, stages[k]) for k in std.objectFields(stages)],
+        },
+        // Exactly one stage is 1 for every workload, and all five series exist.
+        {
+          expr: |||
+            sum by (namespace, workload) (gpuledger:workload_stage:onehot) != 1
+            or
+            count by (namespace, workload) (gpuledger:workload_stage:onehot) != 5
+          |||,
+          eval_time: duration(horizon),
+          exp_samples: [],
+        },
+      ] + exprs,
+    },
+
+  // A promql_expr_test at the horizon. samples: {'<series selector>': value}.
+  expr(expr, samples):: {
+    expr: expr,
+    eval_time: duration(horizon),
+    exp_samples: [{ labels: k, value: samples[k] } for k in std.objectFields(samples)],
+  },
+
+  // The test file.
+  file(tests):: {
+    rule_files: ['../gpuledger.rules.yaml'],
+    evaluation_interval: '1m',
+    // Recording rules first: alerts see them at the same timestamp, as the tests assume.
+    group_eval_order: groupNames,
+    tests: tests,
+  },
+}

@@ -1,0 +1,38 @@
+// Startup layer: placed, but not serving.
+local f = import 'fixtures.libsonnet';
+local t = import 'lib.libsonnet';
+local c = t.config;
+
+local startingAlert(workload) = t.alert(
+  'GpuLedgerWorkloadStartingTooLong',
+  { namespace: 'ml', workload: workload },
+  'Workload ml/%s has been starting for %s: its pods are placed on nodes, but GPU containers are not ready or vLLM engines do not answer.' % [workload, c.workloadStartingFor],
+);
+
+t.file([
+  // Still downloading weights: the GPU is allocated and not opened yet. That is startup,
+  // not a ledger problem, and the engine's partial GPU set is no parallelism mismatch.
+  t.scenario(
+    'model loading',
+    f.startingPod('summarize-a', workload='summarize')
+    + f.engine('summarize-a', workload='summarize', up=0, tp=2, gpus=['GPU-s1'])
+    + f.allocation('summarize-a', ['GPU-s1', 'GPU-s2'])
+    + f.ledgerFlag('gpuledger_gpu_allocated_unused', 'summarize-a', 'GPU-s2', workload='summarize')
+    + f.sources(),
+    fires=[startingAlert('summarize')],
+    stages={ 'ml/summarize': 'starting' },
+  ),
+
+  // Containers Ready, but the engine does not answer (crash loop, wrong port).
+  t.scenario(
+    'engine not up after the pod is ready',
+    f.engine('summarize-a', workload='summarize', up=0, gpus=['GPU-s1'])
+    + f.engine('summarize-b', workload='summarize', running=2, gpus=['GPU-s2']),
+    fires=[startingAlert('summarize')],
+    stages={ 'ml/summarize': 'starting' },
+    exprs=[
+      t.expr('gpuledger:workload_engines_up:sum', { 'gpuledger:workload_engines_up:sum{namespace="ml",workload="summarize"}': 1 }),
+      t.expr('gpuledger:workload_engines_expected:count', { 'gpuledger:workload_engines_expected:count{namespace="ml",workload="summarize"}': 2 }),
+    ],
+  ),
+])

@@ -1,0 +1,104 @@
+// Every selector, threshold and `for` of the gpuledger mixin.
+//
+// Override any of these from your own jsonnet:
+//
+//   (import 'gpuledger/mixin.libsonnet') + {
+//     _config+:: { gpuledgerSelector: 'job="gpu-ledger"', kvCachePressureRatio: 0.95 },
+//   }
+//
+// Rules, alerts, their promtool tests and the dashboards all read these values, so the
+// rendered tests keep testing both sides of each `for:` after a change (scripts/render-mixin).
+{
+  _config+:: {
+    // ---------------------------------------------------------------- selectors
+
+    // Matches every gpuledger scrape job: the node-mode DaemonSet and the cluster-mode
+    // Deployment. Every raw `gpuledger_*` series in rules and dashboards uses it.
+    gpuledgerSelector: 'job=~"gpuledger.*"',
+
+    // Label that tells clusters apart when several send to one Prometheus (Thanos,
+    // Mimir, federation). Rules always aggregate by it; a missing label is harmless.
+    clusterLabel: 'cluster',
+
+    // Show the cluster variable on the dashboards and filter every query on it.
+    showMultiCluster: false,
+
+    // Sources whose failure makes the GPU ledger incomplete on a node: while one of them
+    // is down there, the ledger alerts of that node stay silent (GpuLedgerSourceDown
+    // fires instead). A regex over the `source` label.
+    ledgerSourcesRegex: 'nvml|procfs|podresources',
+
+    // ---------------------------------------------------------------- thresholds
+
+    // An engine is "queueing" when at least this many requests wait in it. The workload
+    // stage is `engine_queueing` when its engines together have at least this many.
+    queueingMinWaitingRequests: 1,
+
+    // KV-cache usage (0-1) at or above which a queueing engine is memory-bound.
+    kvCachePressureRatio: 0.9,
+
+    // KV-cache usage (0-1) below which an engine has KV headroom: a queueing engine
+    // below it is bound by a capacity setting (max_num_seqs), and a non-queueing engine
+    // below it (and below max_num_seqs) can take load from a queueing sibling.
+    kvCacheHeadroomRatio: 0.8,
+
+    // Seconds after which the exporter's snapshot counts as stale. The collection loop
+    // renews it every --interval (10s by default).
+    snapshotStaleSeconds: 120,
+
+    // ---------------------------------------------------------------- for
+    // How long a condition must hold before its alert fires. Whole minutes: the rendered
+    // promtool tests evaluate one minute before and exactly at each of them.
+
+    // GPU pods of a workload unplaced (Kubernetes `PodScheduled=False`).
+    podsPendingPlacementFor: '10m',
+    // Ray placement groups that can never fit (`INFEASIBLE`). Will not resolve itself.
+    rayPlacementGroupsInfeasibleFor: '5m',
+    // Ray placement groups waiting for resources (`NO_RESOURCES`).
+    rayPlacementGroupsWaitingFor: '15m',
+    // Workload placed but not serving: pods starting or engines not up. Loading a large
+    // model takes minutes; keep this above your slowest cold start.
+    workloadStartingFor: '20m',
+    // Engine queueing with its KV cache at or above kvCachePressureRatio.
+    engineKvCachePressureFor: '10m',
+    // Engine queueing at max_num_seqs with KV headroom.
+    engineMaxNumSeqsFor: '10m',
+    // Some engines of a workload queue while a sibling has headroom.
+    routingImbalanceFor: '10m',
+    // Engine up, its processes hold a GPU count other than tensor x pipeline parallel.
+    engineParallelismMismatchFor: '15m',
+    // GPU allocated to a container that no process of it uses (after startup).
+    gpuAllocatedUnusedFor: '30m',
+    // GPU used by a container it is not allocated to.
+    gpuUnallocatedUseFor: '10m',
+    // Ray node advertises more logical GPUs than Kubernetes allocated to its pod.
+    rayGpusExceedAllocationFor: '10m',
+    // Prometheus cannot scrape a gpuledger target.
+    exporterDownFor: '10m',
+    // A gpuledger source keeps failing.
+    sourceDownFor: '10m',
+    // The exporter's snapshot is older than snapshotStaleSeconds.
+    snapshotStaleFor: '5m',
+
+    // ---------------------------------------------------------------- links
+
+    // Every alert gets `runbook_url: <this % lower-case alert name>`, an anchor of
+    // docs/runbooks.md (alerts/add-runbook-links.libsonnet). Point it at your copy.
+    runbookURLPattern: 'https://github.com/gpuledger/gpuledger/blob/main/docs/runbooks.md#%s',
+
+    // ---------------------------------------------------------------- dashboards
+
+    dashboardTags: ['gpuledger'],
+    // Stable dashboard uids: links and bookmarks survive re-imports.
+    dashboardUids: {
+      waiting: 'gpuledger-where-waiting',
+      ledger: 'gpuledger-gpu-ledger',
+      engines: 'gpuledger-engines',
+      ray: 'gpuledger-ray',
+    },
+    dashboardRefresh: '30s',
+    dashboardTimeFrom: 'now-3h',
+    // Empty: the viewer's browser time zone.
+    dashboardTimezone: '',
+  },
+}

@@ -1,0 +1,159 @@
+// "Engines": per vLLM engine, requests running and waiting, KV-cache usage, preemptions,
+// its configuration and the GPUs its processes hold.
+local g = import 'lib.libsonnet';
+
+{
+  grafanaDashboards+:: {
+    local c = $._config,
+    local wl = ['namespace=~"$namespace"', 'workload=~"$workload"'],
+    local R(m=[]) = g.selector(c, wl + m),
+    local W = g.selector(c, wl, raw=false),
+    local engineKey = 'namespace, workload, pod, model_name, engine',
+    local legend = '{{namespace}}/{{pod}} engine {{engine}}',
+    local configLabels = 'tensor_parallel_size, pipeline_parallel_size, data_parallel_size, max_num_seqs, num_gpu_blocks, block_size',
+    // A per-engine series with the engine's configuration labels joined on.
+    local withConfig(series) = |||
+      max by (%%(k)s) (%s)
+      * on (%%(k)s) group_left (%s)
+      max by (%%(k)s, %s) (gpuledger_engine_config_info%%(R)s)
+    ||| % [series, configLabels, configLabels],
+
+    'gpuledger-engines.json': g.dashboard(
+      c,
+      'GPU Ledger / Engines',
+      c.dashboardUids.engines,
+      'Per vLLM engine: requests running and waiting, KV-cache usage, preemptions, configuration and the GPUs its processes hold.',
+      [
+        g.datasourceVariable,
+        g.clusterVariable(c, 'gpuledger_engine_up'),
+        g.queryVariable('namespace', 'Namespace', 'label_values(gpuledger_engine_up%s, namespace)' % g.selector(c, [])),
+        g.queryVariable('workload', 'Workload', 'label_values(gpuledger_engine_up%s, workload)' % g.selector(c, ['namespace=~"$namespace"'])),
+      ],
+      [
+        {
+          height: 4,
+          panels: [
+            g.stat('Engines up', 'vLLM engines whose last scrape succeeded.', 'short', [g.target('sum(gpuledger:workload_engines_up:sum%s) or vector(0)' % W)]),
+            g.stat('Engines expected', 'vLLM engines gpuledger knows of, up or not.', 'short', [g.target('sum(gpuledger:workload_engines_expected:count%s) or vector(0)' % W)]),
+            g.stat(
+              'Engines queueing',
+              'Engines with waiting requests now.',
+              'short',
+              [g.target('sum(gpuledger:workload_engines_queueing:count%s) or vector(0)' % W)],
+              [{ color: 'green', value: null }, { color: 'yellow', value: 1 }],
+            ),
+            g.stat('Engines with headroom', 'Engines that could take more requests now.', 'short', [g.target('sum(gpuledger:workload_engines_with_headroom:count%s) or vector(0)' % W)]),
+          ],
+        },
+        {
+          title: 'Requests',
+          height: 8,
+          panels: [
+            g.timeseries(
+              'Requests running',
+              "Requests in each engine's running batch, and its max_num_seqs (where the flag is set): the batch never grows past it.",
+              'short',
+              [
+                g.target('sum by (namespace, pod, engine) (gpuledger_engine_requests%s)' % R(['state="running"']), legend),
+                g.target('max by (namespace, pod, engine) (gpuledger_engine_max_num_seqs%s)' % R(), legend + ' max_num_seqs'),
+              ],
+            ),
+            g.timeseries(
+              'Requests waiting',
+              'Requests queued inside each engine.',
+              'short',
+              [g.target('sum by (namespace, pod, engine) (gpuledger_engine_requests%s)' % R(['state="waiting"']), legend)],
+            ),
+            g.timeseries(
+              'Requests waiting, by reason',
+              'capacity: no room in the batch; deferred: held by a transient constraint (LoRA budget, KV transfer). vLLM 0.20 and later.',
+              'short',
+              [g.target('sum by (namespace, pod, engine, reason) (gpuledger_engine_requests_waiting_by_reason%s)' % R(), legend + ' {{reason}}')],
+              stack=true,
+            ),
+          ],
+        },
+        {
+          title: 'KV cache and preemptions',
+          height: 8,
+          panels: [
+            g.timeseries(
+              'KV-cache usage',
+              "Fraction of each engine's KV-cache blocks in use. Dashed lines: the headroom and pressure thresholds of the alerts.",
+              'percentunit',
+              [g.target('max by (namespace, pod, engine) (gpuledger_engine_kv_cache_usage_ratio%s)' % R(), legend)],
+              max=1,
+              thresholds=[[c.kvCacheHeadroomRatio, 'yellow'], [c.kvCachePressureRatio, 'red']],
+            ),
+            g.timeseries(
+              'Preemptions',
+              'Requests preempted per second: the KV cache ran out mid-generation and their work is recomputed.',
+              'ops',
+              [g.target('sum by (namespace, pod, engine) (rate(gpuledger_engine_preemptions_total%s[$__rate_interval]))' % R(), legend)],
+            ),
+          ],
+        },
+        {
+          title: 'State',
+          height: 7,
+          panels: [
+            g.stateTimeline(
+              'Engine up',
+              'Whether the last scrape of each engine succeeded.',
+              [g.target('max by (namespace, pod, engine) (gpuledger_engine_up%s)' % R(), legend)],
+              [[1, 'up', 'green'], [0, 'down', 'red']],
+            ),
+            g.stateTimeline(
+              'Engine queueing',
+              'Whether requests wait in each engine (gpuledger:engine_queueing:max).',
+              [g.target('max by (namespace, pod, engine) (gpuledger:engine_queueing:max%s)' % W, legend)],
+              [[1, 'queueing', 'yellow'], [0, 'not queueing', 'green']],
+            ),
+            g.stateTimeline(
+              'Engine at max_num_seqs',
+              'Whether the engine runs exactly max_num_seqs requests (gpuledger:engine_at_max_num_seqs:max): the batch cannot grow.',
+              [g.target('max by (namespace, pod, engine) (gpuledger:engine_at_max_num_seqs:max%s)' % W, legend)],
+              [[1, 'at max_num_seqs', 'orange'], [0, 'below', 'green']],
+            ),
+          ],
+        },
+        {
+          title: 'Configuration and GPUs',
+          height: 8,
+          panels: [
+            g.table(
+              'Configuration and GPUs',
+              'Per engine: parallelism, max_num_seqs and KV-cache blocks from its configuration; GPUs it needs (tensor_parallel_size x pipeline_parallel_size) and GPUs its processes hold (NVML). The two should be equal.',
+              'short',
+              [
+                g.target(withConfig('gpuledger_engine_gpus%s' % R(['state="configured"'])) % { k: engineKey, R: R() }),
+                g.target(withConfig('gpuledger_engine_gpus%s' % R(['state="in_use"'])) % { k: engineKey, R: R() }),
+              ],
+              [
+                ['namespace', 'Namespace'],
+                ['pod', 'Pod'],
+                ['model_name', 'Model'],
+                ['engine', 'Engine'],
+                ['tensor_parallel_size', 'TP'],
+                ['pipeline_parallel_size', 'PP'],
+                ['data_parallel_size', 'DP'],
+                ['max_num_seqs', 'max_num_seqs'],
+                ['num_gpu_blocks', 'KV blocks'],
+                ['block_size', 'Block size'],
+                ['Value #A', 'GPUs needed'],
+                ['Value #B', 'GPUs held'],
+              ],
+            ),
+            g.table(
+              'GPUs held by engine processes',
+              "Each GPU an engine's processes hold a context on, with the process role and rank.",
+              'short',
+              [g.target('max by (namespace, pod, engine, role, rank, gpu_uuid) (gpuledger_engine_gpu_info%s)' % R())],
+              [['namespace', 'Namespace'], ['pod', 'Pod'], ['engine', 'Engine'], ['role', 'Role'], ['rank', 'Rank'], ['gpu_uuid', 'GPU UUID']],
+            ),
+          ],
+        },
+      ],
+    ),
+  },
+}

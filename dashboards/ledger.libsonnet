@@ -1,0 +1,179 @@
+// "GPU ledger": per node and GPU UUID, who is allocated which GPU, who uses it, how much
+// memory each pod holds on shared GPUs, and where allocation and use disagree.
+local g = import 'lib.libsonnet';
+
+{
+  grafanaDashboards+:: {
+    local c = $._config,
+    local node = 'node=~"$node"',
+    local gpu = 'gpu_uuid=~"$gpu"',
+    local ns = 'namespace=~"$namespace"',
+    local S(m) = g.selector(c, m),
+    local podKey = 'node, gpu_uuid, namespace, pod, container',
+
+    'gpuledger-gpu-ledger.json': g.dashboard(
+      c,
+      'GPU Ledger / GPUs',
+      c.dashboardUids.ledger,
+      'Per node and GPU UUID: allocated to and used by which pod and container, memory by pod on shared GPUs, allocated-unused and unallocated use, container device ordinals.',
+      [
+        g.datasourceVariable,
+        g.clusterVariable(c, 'gpuledger_gpu_info'),
+        g.queryVariable('node', 'Node', 'label_values(gpuledger_gpu_info%s, node)' % S([])),
+        g.queryVariable('gpu', 'GPU UUID', 'label_values(gpuledger_gpu_info%s, gpu_uuid)' % S([node])),
+        g.queryVariable('namespace', 'Namespace', 'label_values(gpuledger_container_device_info%s, namespace)' % S([node])),
+      ],
+      [
+        {
+          title: 'GPUs',
+          height: 7,
+          panels: [
+            g.table(
+              'GPU inventory',
+              'Every GPU gpuledger sees (NVML), by UUID. The host index is only an attribute: it differs between host, container and process.',
+              'short',
+              [g.target('max by (node, gpu_uuid, gpu_index, model, pci_bus_id, mig_mode) (gpuledger_gpu_info%s)' % S([node, gpu]))],
+              [['node', 'Node'], ['gpu_index', 'Index'], ['gpu_uuid', 'GPU UUID'], ['model', 'Model'], ['pci_bus_id', 'PCI bus'], ['mig_mode', 'MIG']],
+            ),
+          ],
+        },
+        {
+          height: 8,
+          panels: [
+            g.timeseries(
+              'GPU memory used',
+              'Device memory in use per GPU (NVML).',
+              'bytes',
+              [g.target('max by (node, gpu_uuid) (gpuledger_gpu_memory_used_bytes%s)' % S([node, gpu]), '{{node}} {{gpu_uuid}}')],
+            ),
+            g.timeseries(
+              'GPU memory total',
+              'Device memory size per GPU (NVML).',
+              'bytes',
+              [g.target('max by (node, gpu_uuid) (gpuledger_gpu_memory_total_bytes%s)' % S([node, gpu]), '{{node}} {{gpu_uuid}}')],
+            ),
+            g.timeseries(
+              'GPU utilization',
+              'Fraction of time a kernel ran (NVML). Absent on MIG-enabled GPUs.',
+              'percentunit',
+              [g.target('max by (node, gpu_uuid) (gpuledger_gpu_utilization_ratio%s)' % S([node, gpu]), '{{node}} {{gpu_uuid}}')],
+              max=1,
+            ),
+            g.timeseries(
+              'GPUs answering NVML',
+              'GPUs whose NVML queries succeed (1) or fail, e.g. GPU_IS_LOST (0).',
+              'short',
+              [g.target('sum by (node) (gpuledger_gpu_up%s)' % S([node, gpu]), '{{node}}')],
+            ),
+          ],
+        },
+        {
+          title: 'Allocation vs use',
+          height: 9,
+          panels: [
+            g.table(
+              'Allocated to / used by, per container',
+              'One row per GPU and container: Kubernetes allocation (PodResources), GPU memory its processes hold (NVML), and the two disagreements. A GPU used by a container it is not allocated to, or allocated and never opened, shows here.',
+              'short',
+              [
+                g.target('max by (%s) (gpuledger_gpu_allocation_info%s)' % [podKey, S([node, gpu, ns])]),
+                g.target('sum by (%s) (gpuledger_container_gpu_memory_used_bytes%s)' % [podKey, S([node, gpu, ns])]),
+                g.target('max by (%s) (gpuledger_gpu_allocated_unused%s)' % [podKey, S([node, gpu, ns])]),
+                g.target('max by (%s) (gpuledger_gpu_unallocated_use%s)' % [podKey, S([node, gpu, ns])]),
+              ],
+              [
+                ['node', 'Node'],
+                ['gpu_uuid', 'GPU UUID'],
+                ['namespace', 'Namespace'],
+                ['pod', 'Pod'],
+                ['container', 'Container'],
+                ['Value #A', 'Allocated'],
+                ['Value #B', 'Memory used'],
+                ['Value #C', 'Allocated, unused'],
+                ['Value #D', 'Used, not allocated'],
+              ],
+              { 'Value #B': 'bytes' },
+            ),
+          ],
+        },
+        {
+          height: 8,
+          panels: [
+            g.stat(
+              'GPUs allocated but unused',
+              'Container-GPU pairs Kubernetes allocated that no process of the container uses.',
+              'short',
+              [g.target('sum(gpuledger_gpu_allocated_unused%s) or vector(0)' % S([node, gpu, ns]))],
+              [{ color: 'green', value: null }, { color: 'orange', value: 1 }],
+            ) + g.width({}, 4),
+            g.stat(
+              'GPUs used without allocation',
+              'Container-GPU pairs where a container uses a GPU Kubernetes did not allocate to it.',
+              'short',
+              [g.target('sum(gpuledger_gpu_unallocated_use%s) or vector(0)' % S([node, gpu, ns]))],
+              [{ color: 'green', value: null }, { color: 'red', value: 1 }],
+            ) + g.width({}, 4),
+            g.timeseries(
+              'Allocation disagreements over time',
+              'Allocated-unused and unallocated-use pairs per pod.',
+              'short',
+              [
+                g.target('sum by (namespace, pod) (gpuledger_gpu_allocated_unused%s)' % S([node, gpu, ns]), 'allocated, unused {{namespace}}/{{pod}}'),
+                g.target('sum by (namespace, pod) (gpuledger_gpu_unallocated_use%s)' % S([node, gpu, ns]), 'used, not allocated {{namespace}}/{{pod}}'),
+              ],
+            ),
+          ],
+        },
+        {
+          title: 'Memory by pod on each GPU',
+          height: 9,
+          panels: [
+            g.timeseries(
+              'GPU memory by pod',
+              'Memory the processes of each pod hold on each GPU, stacked, plus processes that are in no pod: on a shared (time-sliced) GPU, who holds what.',
+              'bytes',
+              [
+                g.target('sum by (gpu_uuid, namespace, pod) (gpuledger_container_gpu_memory_used_bytes%s)' % S([node, gpu, ns]), '{{gpu_uuid}} {{namespace}}/{{pod}}'),
+                g.target('sum by (gpu_uuid) (gpuledger_unattributed_gpu_memory_used_bytes%s)' % S([node, gpu]), '{{gpu_uuid}} host processes'),
+              ],
+              stack=true,
+            ),
+            g.timeseries(
+              'Processes per GPU and container',
+              'Processes of each container that hold a CUDA context on each GPU.',
+              'short',
+              [g.target('sum by (gpu_uuid, namespace, pod, container) (gpuledger_container_gpu_processes%s)' % S([node, gpu, ns]), '{{gpu_uuid}} {{namespace}}/{{pod}}/{{container}}')],
+            ),
+          ],
+        },
+        {
+          title: 'Device mapping',
+          height: 8,
+          panels: [
+            g.table(
+              'Container ordinal to host GPU',
+              "What CUDA calls device N inside a container (before the process's own CUDA_VISIBLE_DEVICES) is which host GPU.",
+              'short',
+              [g.target('max by (node, namespace, pod, container, local_index, gpu_uuid, source) (gpuledger_container_device_info%s)' % S([node, gpu, ns]))],
+              [['node', 'Node'], ['namespace', 'Namespace'], ['pod', 'Pod'], ['container', 'Container'], ['local_index', 'Ordinal'], ['gpu_uuid', 'Host GPU UUID'], ['source', 'From']],
+            ),
+            g.table(
+              'Engine processes to GPUs',
+              'Which GPUs the processes of each vLLM engine hold (engine core and workers, by rank).',
+              'short',
+              [g.target('max by (node, namespace, pod, engine, role, rank, gpu_uuid) (gpuledger_engine_gpu_info%s)' % S([node, gpu, ns]))],
+              [['node', 'Node'], ['namespace', 'Namespace'], ['pod', 'Pod'], ['engine', 'Engine'], ['role', 'Role'], ['rank', 'Rank'], ['gpu_uuid', 'GPU UUID']],
+            ),
+            g.table(
+              'GPUs allocated per pod',
+              'Distinct GPUs Kubernetes allocated to each pod, all containers together.',
+              'short',
+              [g.target('max by (node, namespace, pod) (gpuledger:pod_gpus_allocated:count%s)' % g.selector(c, [node, ns], raw=false))],
+              [['node', 'Node'], ['namespace', 'Namespace'], ['pod', 'Pod'], ['Value', 'GPUs']],
+            ),
+          ],
+        },
+      ],
+    ),
+  },
+}

@@ -1,0 +1,198 @@
+// "Where is it waiting": per workload, the stage over time, and the placement, startup,
+// engine and routing signals that decide it, on one shared time axis.
+local g = import 'lib.libsonnet';
+
+{
+  grafanaDashboards+:: {
+    local c = $._config,
+    // Recording rules carry no job label; W filters them by the variables.
+    local W = g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"'], raw=false),
+    local R(m=[]) = g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"'] + m),
+    local stageStates = [
+      [4, 'pending placement', 'red'],
+      [3, 'starting', 'orange'],
+      [2, 'engine queueing', 'yellow'],
+      [1, 'serving', 'green'],
+      [0, 'idle', 'blue'],
+    ],
+    local stageStat(stage, title, color) = g.stat(
+      title,
+      'Workloads whose stage is %s now (gpuledger:workload_stage:onehot).' % stage,
+      'short',
+      [g.target('count(max by (namespace, workload) (gpuledger:workload_stage:onehot%s == 1)) or vector(0)' % g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"', 'stage="%s"' % stage], raw=false))],
+      [{ color: 'green', value: null }, { color: color, value: 1 }],
+    ),
+
+    'gpuledger-where-waiting.json': g.dashboard(
+      c,
+      'GPU Ledger / Where requests wait',
+      c.dashboardUids.waiting,
+      'Per workload: is it pending placement (Kubernetes or Ray cannot place it), starting, engine queueing, serving or idle, and the signals behind each stage.',
+      [
+        g.datasourceVariable,
+        g.clusterVariable(c, 'gpuledger_build_info'),
+        g.queryVariable('namespace', 'Namespace', 'label_values(gpuledger:workloads:group%s, namespace)' % g.selector(c, [], raw=false)),
+        g.queryVariable('workload', 'Workload', 'label_values(gpuledger:workloads:group%s, workload)' % g.selector(c, ['namespace=~"$namespace"'], raw=false)),
+      ],
+      [
+        {
+          title: 'Stage',
+          height: 8,
+          panels: [
+            g.stateTimeline(
+              'Stage per workload',
+              'One row per workload: the layer its requests wait in. Precedence: pending placement > starting > engine queueing > serving > idle (gpuledger:workload_stage_code:max).',
+              [g.target('max by (namespace, workload) (gpuledger:workload_stage_code:max%s)' % W, '{{namespace}}/{{workload}}')],
+              stageStates,
+            ),
+          ],
+        },
+        {
+          height: 4,
+          panels: [
+            stageStat('pending_placement', 'Pending placement', 'red'),
+            stageStat('starting', 'Starting', 'orange'),
+            stageStat('engine_queueing', 'Engine queueing', 'yellow'),
+            stageStat('serving', 'Serving', 'green'),
+            stageStat('idle', 'Idle', 'blue'),
+          ],
+        },
+        {
+          title: 'Pending placement: Kubernetes and Ray',
+          height: 8,
+          panels: [
+            g.timeseries(
+              'GPU pods pending placement, by reason',
+              'Pods that request GPUs and that the scheduler has not placed, by the dominant reason of their PodScheduled=False condition.',
+              'short',
+              [g.target('sum by (namespace, workload, reason) (gpuledger:workload_pods_pending_placement:sum%s)' % W, '{{namespace}}/{{workload}} {{reason}}')],
+            ),
+            g.timeseries(
+              'GPUs pending placement',
+              'GPUs asked by unplaced pods (Kubernetes) and by unplaced Ray placement groups and actors (Ray).',
+              'short',
+              [
+                g.target('sum by (namespace, workload) (gpuledger:workload_gpus_pending_placement:sum%s)' % W, 'Kubernetes {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload, kind) (gpuledger:workload_ray_gpus_pending:sum%s)' % W, 'Ray {{kind}} {{namespace}}/{{workload}}'),
+              ],
+            ),
+            g.timeseries(
+              'Ray placement groups pending',
+              'Pending Ray placement groups by scheduling state: NO_RESOURCES waits for busy resources, INFEASIBLE never fits.',
+              'short',
+              [g.target('sum by (namespace, workload, scheduling_state) (gpuledger:workload_ray_placement_groups_pending:sum%s)' % W, '{{namespace}}/{{workload}} {{scheduling_state}}')],
+            ),
+          ],
+        },
+        {
+          height: 7,
+          panels: [
+            g.table(
+              'Pods pending placement now',
+              'Every unplaced pod of the selected workloads: why, for how long, and how many GPUs it asks for.',
+              'short',
+              [
+                g.target(|||
+                  (time() - max by (namespace, workload, pod, pod_uid) (gpuledger_pod_pending_since_timestamp_seconds%s))
+                  * on (pod_uid) group_left (reason)
+                  max by (pod_uid, reason) (gpuledger_pod_pending_placement%s)
+                ||| % [R(), R()]),
+                g.target(|||
+                  max by (namespace, workload, pod, pod_uid) (gpuledger_pod_pending_gpus%s)
+                  * on (pod_uid) group_left (reason)
+                  max by (pod_uid, reason) (gpuledger_pod_pending_placement%s)
+                ||| % [R(), R()]),
+              ],
+              [['namespace', 'Namespace'], ['workload', 'Workload'], ['pod', 'Pod'], ['reason', 'Reason'], ['Value #A', 'Pending for'], ['Value #B', 'GPUs asked']],
+              { 'Value #A': 's' },
+            ),
+          ],
+        },
+        {
+          title: 'Starting',
+          height: 7,
+          panels: [
+            g.timeseries(
+              'Pods starting',
+              'Pods placed on a node whose GPU containers are not Ready yet (model download and load).',
+              'short',
+              [g.target('sum by (namespace, workload) (gpuledger:workload_pods_starting:sum%s)' % W, '{{namespace}}/{{workload}}')],
+            ),
+            g.timeseries(
+              'Engines up vs expected',
+              'vLLM engines that answered their last scrape, against every engine gpuledger knows of. A gap means engines are still loading or are failing.',
+              'short',
+              [
+                g.target('sum by (namespace, workload) (gpuledger:workload_engines_up:sum%s)' % W, 'up {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (gpuledger:workload_engines_expected:count%s)' % W, 'expected {{namespace}}/{{workload}}'),
+              ],
+            ),
+          ],
+        },
+        {
+          title: 'Engine queueing',
+          height: 8,
+          panels: [
+            g.timeseries(
+              'Requests waiting, by reason',
+              'Requests waiting inside vLLM engines: capacity (no room in the batch: KV cache or max_num_seqs) or deferred (LoRA budget, KV transfer). Engines before vLLM 0.20 do not split by reason.',
+              'short',
+              [g.target('sum by (namespace, workload, reason) (gpuledger:workload_requests_waiting_by_reason:sum%s)' % W, '{{namespace}}/{{workload}} {{reason}}')],
+              stack=true,
+            ),
+            g.timeseries(
+              'Requests running and waiting',
+              'Requests in the running batch and in the waiting queue, summed over the engines of each workload.',
+              'short',
+              [
+                g.target('sum by (namespace, workload) (gpuledger:workload_requests_running:sum%s)' % W, 'running {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (gpuledger:workload_requests_waiting:sum%s)' % W, 'waiting {{namespace}}/{{workload}}'),
+              ],
+            ),
+            g.timeseries(
+              'Max KV-cache usage',
+              'The fullest engine of each workload. Dashed lines: the headroom and pressure thresholds of the alerts.',
+              'percentunit',
+              [g.target('max by (namespace, workload) (gpuledger:workload_kv_cache_usage:max%s)' % W, '{{namespace}}/{{workload}}')],
+              max=1,
+              thresholds=[[c.kvCacheHeadroomRatio, 'yellow'], [c.kvCachePressureRatio, 'red']],
+            ),
+            g.timeseries(
+              'Preemptions',
+              'Requests preempted per second (KV cache ran out mid-generation; their work is recomputed), 5m rate.',
+              'ops',
+              [g.target('sum by (namespace, workload) (gpuledger:workload_preemptions:rate5m%s)' % W, '{{namespace}}/{{workload}}')],
+            ),
+          ],
+        },
+        {
+          title: 'Routing',
+          height: 8,
+          panels: [
+            g.timeseries(
+              'Engines queueing vs engines with headroom',
+              'Engines with waiting requests, and engines that could take more now (nothing waits, KV cache below the headroom ratio, below max_num_seqs). Both at once is a routing imbalance.',
+              'short',
+              [
+                g.target('sum by (namespace, workload) (gpuledger:workload_engines_queueing:count%s)' % W, 'queueing {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (gpuledger:workload_engines_with_headroom:count%s)' % W, 'headroom {{namespace}}/{{workload}}'),
+              ],
+            ),
+            g.timeseries(
+              'Routing imbalance',
+              'Engines that queue while a sibling engine of the same workload has headroom (gpuledger:workload_routing_imbalance:count). Above 0: requests are not spread over the replicas.',
+              'short',
+              [g.target('sum by (namespace, workload) (gpuledger:workload_routing_imbalance:count%s)' % W, '{{namespace}}/{{workload}}')],
+            ),
+            g.timeseries(
+              'Requests waiting per engine',
+              'Waiting requests of every engine: sticky routing shows as one line high while its siblings stay at 0.',
+              'short',
+              [g.target('sum by (namespace, pod, engine) (gpuledger_engine_requests%s)' % R(['state="waiting"']), '{{namespace}}/{{pod}} engine {{engine}}')],
+            ),
+          ],
+        },
+      ],
+    ),
+  },
+}

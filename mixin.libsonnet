@@ -1,0 +1,12 @@
+// The gpuledger monitoring mixin: recording rules, alerts and Grafana dashboards.
+//
+//   prometheusRules     recording rules (alerts/rules.libsonnet)
+//   prometheusAlerts    alerts (alerts/alerts.libsonnet), each with a runbook_url
+//   grafanaDashboards   dashboards by file name (dashboards/dashboards.libsonnet)
+//
+// Settings: config.libsonnet. Rendered output: scripts/render-mixin. See docs/mixin.md.
+(import 'config.libsonnet') +
+(import 'alerts/rules.libsonnet') +
+(import 'alerts/alerts.libsonnet') +
+(import 'alerts/add-runbook-links.libsonnet') +
+(import 'dashboards/dashboards.libsonnet')

@@ -1,0 +1,65 @@
+// A synthetic cluster in which every dashboard panel has something to show: input series
+// for the promtool test of tests/mixin/test_dashboards.py (evaluated with the rules).
+local f = import 'alerts/tests/fixtures.libsonnet';
+local t = import 'alerts/tests/lib.libsonnet';
+
+local node = f.nodeExporter;
+local gpus = ['GPU-a', 'GPU-b', 'GPU-x', 'GPU-w1'];
+local container(pod, gpu, namespace='ml', workload='chat', name='vllm') =
+  node { namespace: namespace, pod: pod, pod_uid: 'uid-' + pod, container: name, workload: workload, gpu_uuid: gpu };
+
+// Sticky routing in `chat`: chat-a full and queueing, chat-b nearly idle, one more pending.
+f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'], preemptionsPerMinute=2)
++ f.engine('chat-b', waiting=0, running=1, kv=0.05, maxNumSeqs=8, gpus=['GPU-b'])
++ f.pendingPod('chat-c', 'insufficient_gpu', 1)
+// `summarize` is loading its model.
++ f.startingPod('summarize-a', workload='summarize')
++ f.engine('summarize-a', workload='summarize', up=0, gpus=[])
+// The ledger of gpu-node-1.
++ f.allocation('chat-a', ['GPU-a', 'GPU-x'])
++ f.allocation('chat-b', ['GPU-b'])
++ f.ledgerFlag('gpuledger_gpu_allocated_unused', 'chat-a', 'GPU-x')
++ f.ledgerFlag('gpuledger_gpu_unallocated_use', 'notebook-x', 'GPU-b', namespace='research', workload='notebook-x', container='jupyter')
++ [
+  t.gauge('gpuledger_gpu_info', node { gpu_uuid: gpus[i], gpu_index: std.toString(i), model: 'NVIDIA H100 80GB HBM3', pci_bus_id: '00000000:%02d:00.0' % (i + 1), mig_mode: 'disabled' }, 1)
+  for i in std.range(0, std.length(gpus) - 1)
+]
++ std.flattenArrays([
+  [
+    t.gauge('gpuledger_gpu_up', node { gpu_uuid: g }, 1),
+    t.gauge('gpuledger_gpu_memory_total_bytes', node { gpu_uuid: g }, 85899345920),
+    t.gauge('gpuledger_gpu_memory_used_bytes', node { gpu_uuid: g }, 42949672960),
+    t.gauge('gpuledger_gpu_utilization_ratio', node { gpu_uuid: g }, 0.6),
+    t.gauge('gpuledger_unattributed_gpu_memory_used_bytes', node { gpu_uuid: g }, 524288000),
+  ]
+  for g in gpus
+])
++ [
+  t.gauge('gpuledger_container_gpu_memory_used_bytes', container('chat-a', 'GPU-a'), 70000000000),
+  t.gauge('gpuledger_container_gpu_memory_used_bytes', container('chat-b', 'GPU-b'), 60000000000),
+  t.gauge('gpuledger_container_gpu_memory_used_bytes', container('notebook-x', 'GPU-b', 'research', 'notebook-x', 'jupyter'), 8000000000),
+  t.gauge('gpuledger_container_gpu_processes', container('chat-a', 'GPU-a'), 1),
+  t.gauge('gpuledger_container_gpu_processes', container('chat-b', 'GPU-b'), 1),
+  t.gauge('gpuledger_container_device_info', node { namespace: 'ml', pod: 'chat-a', pod_uid: 'uid-chat-a', container: 'vllm', local_index: '0', gpu_uuid: 'GPU-a', source: 'env' }, 1),
+  t.gauge('gpuledger_container_device_info', node { namespace: 'ml', pod: 'chat-a', pod_uid: 'uid-chat-a', container: 'vllm', local_index: '1', gpu_uuid: 'GPU-x', source: 'env' }, 1),
+]
+// Ray: a worker pod with 2 logical GPUs on 1 allocated one, an actor using it, and work
+// that waits for more.
++ f.rayNode('ray-llm-worker-a', 'node-a', 2, 0, allocated=1)
++ f.allocation('ray-llm-worker-a', ['GPU-w1'], namespace='ray', container='ray-worker')
++ [
+  t.gauge('gpuledger_container_gpu_memory_used_bytes', container('ray-llm-worker-a', 'GPU-w1', 'ray', 'ray-llm', 'ray-worker'), 30000000000),
+  t.gauge('gpuledger_ray_actor_gpus', node { namespace: 'ray', pod: 'ray-llm-worker-a', pod_uid: 'uid-ray-llm-worker-a', workload: 'ray-llm', class_name: 'LLMServer', state: 'ALIVE' }, 1),
+  t.gauge('gpuledger_ray_actor_gpus', node { namespace: 'ray', pod: 'ray-llm-worker-a', pod_uid: 'uid-ray-llm-worker-a', workload: 'ray-llm', class_name: 'LLMServer', state: 'PENDING_CREATION' }, 1),
+  t.gauge('gpuledger_ray_actors_without_gpu_memory', node { namespace: 'ray', pod: 'ray-llm-worker-a', pod_uid: 'uid-ray-llm-worker-a', workload: 'ray-llm', class_name: 'LLMServer' }, 0),
+  t.gauge('gpuledger_ray_actor_gpu_memory_used_bytes', node { namespace: 'ray', pod: 'ray-llm-worker-a', pod_uid: 'uid-ray-llm-worker-a', class_name: 'LLMServer', gpu_uuid: 'GPU-w1' }, 30000000000),
+]
++ f.rayPlacementGroups('ray-llm', 'NO_RESOURCES', 1, namespace='ray')
++ f.rayPendingGpus('ray-llm', 'actor', 1, namespace='ray')
+// Self-monitoring.
++ f.sources()
++ [
+  t.gauge('gpuledger_build_info', node { version: '0.1.0' }, 1),
+  t.gauge('gpuledger_snapshot_age_seconds', node, 4),
+  t.gauge('up', node, 1),
+]

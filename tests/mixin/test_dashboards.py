@@ -1,0 +1,204 @@
+"""Dashboards: valid Grafana JSON, conventions, and queries that parse and return data."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.mixin.helpers import (
+    CONTRACT_METRICS,
+    DASHBOARDS_DIR,
+    PROMQL_FUNCTIONS,
+    REPO,
+    RULES,
+    config,
+    dashboard_queries,
+    dashboards,
+    evaluate_jsonnet,
+    label_values_query,
+    panels,
+    promql_names,
+    recording_names,
+    rule_groups,
+    run,
+    substitute_grafana_variables,
+    tool,
+    variable_queries,
+)
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+RATE_FUNCTIONS = ("rate", "irate", "increase", "delta", "idelta", "deriv")
+
+
+def test_four_dashboards_with_stable_unique_uids() -> None:
+    found = dashboards()
+    assert set(found) == {
+        "gpuledger-where-waiting.json",
+        "gpuledger-gpu-ledger.json",
+        "gpuledger-engines.json",
+        "gpuledger-ray.json",
+    }
+    uids = [d["uid"] for d in found.values()]
+    assert sorted(uids) == sorted(config()["dashboardUids"].values())
+    assert len({d["title"] for d in found.values()}) == len(found)
+
+
+@pytest.mark.parametrize("path", sorted(DASHBOARDS_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_dashboard_is_valid_json_with_unique_panel_ids(path: Path) -> None:
+    dashboard = json.loads(path.read_text())
+    for key in ("title", "uid", "panels", "templating", "schemaVersion", "time"):
+        assert key in dashboard, f"{path.name}: no {key}"
+    ids = [p["id"] for p in panels(dashboard)]
+    assert all(isinstance(i, int) for i in ids)
+    assert len(ids) == len(set(ids)), f"{path.name}: duplicate panel ids"
+    for panel in panels(dashboard):
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24 and grid["w"] > 0 and grid["h"] > 0, panel["title"]
+
+
+def _positions_overlap(a: dict, b: dict) -> bool:
+    return not (
+        a["x"] + a["w"] <= b["x"]
+        or b["x"] + b["w"] <= a["x"]
+        or a["y"] + a["h"] <= b["y"]
+        or b["y"] + b["h"] <= a["y"]
+    )
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS_DIR.glob("*.json")))
+def test_panels_do_not_overlap(name: str) -> None:
+    grid = [p["gridPos"] for p in panels(dashboards()[name])]
+    for i, a in enumerate(grid):
+        for b in grid[i + 1 :]:
+            assert not _positions_overlap(a, b), f"{name}: {a} overlaps {b}"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS_DIR.glob("*.json")))
+def test_panel_conventions(name: str) -> None:
+    for panel in panels(dashboards()[name]):
+        if panel["type"] == "row":
+            continue
+        title = panel["title"]
+        assert panel.get("description"), f"{name}: {title}: no description"
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{name}: {title}: no unit"
+        assert panel["datasource"] == DATASOURCE, f"{name}: {title}"
+        targets = panel.get("targets", [])
+        assert targets, f"{name}: {title}: no query"
+        ref_ids = [t["refId"] for t in targets]
+        assert len(ref_ids) == len(set(ref_ids)), f"{name}: {title}"
+        for target in targets:
+            assert target["datasource"] == DATASOURCE, f"{name}: {title}"
+            for fn in RATE_FUNCTIONS:
+                for window in re.findall(rf"\b{fn}\s*\([^\[]*\[([^\]]+)\]", target["expr"]):
+                    assert window == "$__rate_interval", f"{name}: {title}: {fn}() over [{window}]"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS_DIR.glob("*.json")))
+def test_templating_variables(name: str) -> None:
+    dashboard = dashboards()[name]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    cluster = variables["cluster"]
+    assert config()["clusterLabel"] in cluster["query"]["query"]
+    assert cluster["hide"] == (0 if config()["showMultiCluster"] else 2)
+    assert "namespace" in variables
+    if name != "gpuledger-gpu-ledger.json":
+        assert "workload" in variables
+    else:
+        assert {"node", "gpu"} <= set(variables)
+    for variable in variables.values():
+        if variable["type"] == "query" and variable["name"] != "cluster":
+            assert variable["multi"] and variable["includeAll"], f"{name}: {variable['name']}"
+            assert variable["allValue"] == ".*", f"{name}: {variable['name']}"
+            assert variable["datasource"] == DATASOURCE
+
+
+@pytest.mark.parametrize(
+    ("name", "title", "expr"),
+    dashboard_queries(),
+    ids=[f"{name.removesuffix('.json')}:{title}" for name, title, _ in dashboard_queries()],
+)
+def test_panel_queries_name_only_known_metrics(name: str, title: str, expr: str) -> None:
+    metrics, functions = promql_names(expr)
+    assert metrics, f"{name}: {title}: no metric in {expr!r}"
+    unknown = metrics - CONTRACT_METRICS - recording_names()
+    assert not unknown, (
+        f"{name}: {title}: metrics outside the contract and the recording rules: {unknown}"
+    )
+    assert functions <= PROMQL_FUNCTIONS, (
+        f"{name}: {title}: unknown functions {functions - PROMQL_FUNCTIONS}"
+    )
+
+
+def test_variable_queries_name_only_known_metrics() -> None:
+    for name, variable, query in variable_queries():
+        selector, _ = label_values_query(query)
+        metrics, _ = promql_names(selector)
+        assert metrics and metrics <= CONTRACT_METRICS | recording_names(), (
+            f"{name}: ${variable}: {query}"
+        )
+
+
+def _promtool_test(tmp_path: Path, cases: list[dict]) -> str:
+    """Run promql_expr_test cases against the rendered rules and the synthetic cluster."""
+    series = evaluate_jsonnet(REPO / "tests" / "mixin" / "dashboard_data.jsonnet")
+    doc = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "group_eval_order": [g["name"] for g in rule_groups()],
+        "tests": [
+            {
+                "name": "dashboard queries",
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": cases,
+            }
+        ],
+    }
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1_000_000))
+    result = run([tool("promtool"), "test", "rules", str(path)])
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr
+    return result.stdout
+
+
+def test_every_panel_query_returns_data(tmp_path: Path) -> None:
+    """Each query, with every variable at All, returns at least one series (group() == 1)."""
+    cases = [
+        {
+            "expr": f"group({substitute_grafana_variables(expr)})",
+            "eval_time": "30m",
+            "exp_samples": [{"labels": "{}", "value": 1}],
+        }
+        for _, _, expr in dashboard_queries()
+    ]
+    assert len(cases) >= 40
+    _promtool_test(tmp_path, cases)
+
+
+def test_every_variable_query_returns_values(tmp_path: Path) -> None:
+    cases = []
+    for _, variable, query in variable_queries():
+        selector, label = label_values_query(query)
+        selector = substitute_grafana_variables(selector)
+        if (
+            variable != "cluster"
+        ):  # single-cluster: the label does not exist, the variable is hidden
+            selector = (
+                selector[:-1] + f', {label}!=""}}'
+                if selector.endswith("}")
+                else f'{selector}{{{label}!=""}}'
+            )
+        cases.append(
+            {
+                "expr": f"group({selector})",
+                "eval_time": "30m",
+                "exp_samples": [{"labels": "{}", "value": 1}],
+            }
+        )
+    _promtool_test(tmp_path, cases)
