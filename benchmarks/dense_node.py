@@ -162,6 +162,7 @@ def dense_node(scale: int = 1) -> dict[str, Any]:
         {"name": f"remote-{i}", "ip": f"10.200.{i // 250}.{i % 250 + 1}", "gpus": 8}
         for i in range(98)
     ]
+    # Ray actors stay 2,000 cluster-wide at every scale: the scale is this node's pods.
     actors = [
         {
             "class_name": f"Actor{i % 7}",
@@ -169,7 +170,7 @@ def dense_node(scale: int = 1) -> dict[str, Any]:
             "pid": 100 + i,
             "num_gpus": 0 if i % 3 else 1,
         }
-        for i in range(2000 * scale)
+        for i in range(2000)
     ]
     return {
         "node": "bench-node",

@@ -350,35 +350,54 @@ def self_families(published: Published, now: float) -> Iterator[Metric]:
     )
     for source, when in sorted(published.last_success.items()):
         last.add_metric([node, source], when)
+    build = _gauge("gpuledger_build_info", "1; the running gpuledger version.", ["version"])
+    build.add_metric([node, __version__], 1)
+    yield from (up, duration, errors, last, build)
+
+
+def age_family(published: Published, now: float) -> Metric:
+    """The one series that changes between scrapes of the same snapshot."""
     age = _gauge(
         "gpuledger_snapshot_age_seconds",
         "Age of the snapshot this scrape renders; grows when the collection loop is stuck.",
         [],
     )
-    age.add_metric([node], max(0.0, now - ledger.taken_at))
-    build = _gauge("gpuledger_build_info", "1; the running gpuledger version.", ["version"])
-    build.add_metric([node, __version__], 1)
-    yield from (up, duration, errors, last, age, build)
+    age.add_metric([published.ledger.node], max(0.0, now - published.ledger.taken_at))
+    return age
+
+
+def snapshot_families(published: Published, now: float) -> Iterator[Metric]:
+    """Everything derived from one snapshot alone (rendered once per cycle)."""
+    ledger = published.ledger
+    if ledger.mode == "node":
+        yield from gpu_families(ledger)
+        yield from container_families(ledger)
+        yield from kubernetes_families(ledger)
+        yield from engine_families(ledger)
+        yield from ray_families(ledger)
+    else:
+        yield from pending_families(ledger)
+        yield from ray_cluster_families(ledger)
+    yield from self_families(published, now)
 
 
 class LedgerCollector(Collector):
-    """Renders whatever `current()` returns at scrape time: (latest state or None, now)."""
+    """Renders whatever `current()` returns: (latest state or None, now).
 
-    def __init__(self, current: Callable[[], tuple[Published | None, float]]) -> None:
+    `part`: "snapshot" (all but the age), "age" (the age alone) or "all".
+    """
+
+    def __init__(
+        self, current: Callable[[], tuple[Published | None, float]], part: str = "all"
+    ) -> None:
         self._current = current
+        self._part = part
 
     def collect(self) -> Iterator[Metric]:
         published, now = self._current()
         if published is None:
             return
-        ledger = published.ledger
-        if ledger.mode == "node":
-            yield from gpu_families(ledger)
-            yield from container_families(ledger)
-            yield from kubernetes_families(ledger)
-            yield from engine_families(ledger)
-            yield from ray_families(ledger)
-        else:
-            yield from pending_families(ledger)
-            yield from ray_cluster_families(ledger)
-        yield from self_families(published, now)
+        if self._part in ("snapshot", "all"):
+            yield from snapshot_families(published, now)
+        if self._part in ("age", "all"):
+            yield age_family(published, now)

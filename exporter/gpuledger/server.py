@@ -15,7 +15,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import choose_encoder
 
 from gpuledger import __version__
@@ -46,6 +46,11 @@ class Exporter:
         self._thread: threading.Thread | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(LedgerCollector(self.current))
+        # The text exposition of a snapshot is rendered once, when it is published; a
+        # scrape appends only the age. OpenMetrics requests render in full.
+        self._age_registry = CollectorRegistry(auto_describe=False)
+        self._age_registry.register(LedgerCollector(self.current, "age"))
+        self._rendered = b""
 
     def current(self) -> tuple[Published | None, float]:
         with self._lock:
@@ -57,8 +62,11 @@ class Exporter:
 
     def run_once(self) -> Published:
         published = self._cycle()
+        snapshot = CollectorRegistry(auto_describe=False)
+        snapshot.register(LedgerCollector(lambda: (published, time.time()), "snapshot"))
+        rendered = generate_latest(snapshot)
         with self._lock:
-            self._latest = published
+            self._latest, self._rendered = published, rendered
         return published
 
     def start(self) -> None:
@@ -87,6 +95,10 @@ class Exporter:
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept or "")
+        if encoder is generate_latest:
+            with self._lock:
+                rendered = self._rendered
+            return rendered + generate_latest(self._age_registry), content_type
         return encoder(self.registry), content_type
 
 
