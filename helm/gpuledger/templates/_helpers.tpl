@@ -1,0 +1,152 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "gpuledger.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Fully qualified app name. Truncated to 55 characters so that "<fullname>-cluster" still
+fits the 63 characters of a name or label value.
+*/}}
+{{- define "gpuledger.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 55 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 55 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 55 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuledger.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
+{{- define "gpuledger.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels of every object. */}}
+{{- define "gpuledger.labels" -}}
+helm.sh/chart: {{ include "gpuledger.chart" . }}
+app.kubernetes.io/name: {{ include "gpuledger.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpuledger
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of a component: include with (dict "ctx" $ "component" "node"). */}}
+{{- define "gpuledger.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuledger.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Labels of a component's objects. */}}
+{{- define "gpuledger.componentLabels" -}}
+{{ include "gpuledger.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* The scrape job name of a component (ServiceMonitor/PodMonitor jobLabel). */}}
+{{- define "gpuledger.jobName" -}}
+{{- printf "%s-%s" .ctx.Values.jobName .component -}}
+{{- end -}}
+
+{{- define "gpuledger.serviceAccountName" -}}
+{{- $values := index .ctx.Values .component -}}
+{{- if $values.serviceAccount.create -}}
+{{- default (printf "%s-%s" (include "gpuledger.fullname" .ctx) .component) $values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" $values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuledger.image" -}}
+{{- $registry := default .Values.image.registry .Values.global.imageRegistry -}}
+{{- $repository := .Values.image.repository -}}
+{{- if $registry -}}
+{{- $repository = printf "%s/%s" $registry $repository -}}
+{{- end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuledger.imagePullSecrets" -}}
+{{- $secrets := concat .Values.global.imagePullSecrets .Values.imagePullSecrets -}}
+{{- with $secrets }}
+imagePullSecrets:
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Where the Ray token Secret is mounted. */}}
+{{- define "gpuledger.rayTokenDir" -}}
+/etc/gpuledger/ray
+{{- end -}}
+
+{{/*
+Environment shared by both modes: the exporter's GPULEDGER_* settings.
+Include with (dict "ctx" $ "component" "node").
+*/}}
+{{- define "gpuledger.commonEnv" -}}
+{{- $v := .ctx.Values -}}
+- name: GPULEDGER_MODE
+  value: {{ .component | quote }}
+- name: GPULEDGER_LISTEN
+  value: {{ printf ":%d" (int $v.exporter.port) | quote }}
+- name: GPULEDGER_INTERVAL
+  value: {{ $v.exporter.interval | toString | quote }}
+- name: GPULEDGER_SOURCE_DEADLINE
+  value: {{ $v.exporter.sourceDeadline | toString | quote }}
+- name: GPULEDGER_LOG_LEVEL
+  value: {{ $v.exporter.logLevel | quote }}
+- name: GPULEDGER_LOG_FORMAT
+  value: {{ $v.exporter.logFormat | quote }}
+- name: GPULEDGER_KUBERNETES
+  value: "on"
+- name: GPULEDGER_GPU_RESOURCES
+  value: {{ join "," $v.exporter.gpuResources | quote }}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- if $v.ray.address }}
+- name: GPULEDGER_RAY_ADDRESS
+  value: {{ $v.ray.address | quote }}
+{{- end }}
+{{- if $v.ray.tokenSecret.name }}
+- name: GPULEDGER_RAY_TOKEN_FILE
+  value: {{ printf "%s/%s" (include "gpuledger.rayTokenDir" .ctx) $v.ray.tokenSecret.key | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The Ray token volume and mount, when a Secret is named. */}}
+{{- define "gpuledger.rayTokenVolume" -}}
+{{- with .Values.ray.tokenSecret.name }}
+- name: ray-token
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+    items:
+      - key: {{ $.Values.ray.tokenSecret.key }}
+        path: {{ $.Values.ray.tokenSecret.key }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.rayTokenMount" -}}
+{{- if .Values.ray.tokenSecret.name }}
+- name: ray-token
+  mountPath: {{ include "gpuledger.rayTokenDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
