@@ -341,3 +341,41 @@ def test_kv_full_with_preemptions_then_deferred_only(simulate: Any) -> None:
         for r in pick(deferred, "gpuledger_engine_requests_waiting_by_reason", pod="chat-a")
     }
     assert by_reason == {"deferred": 9}
+
+
+def test_retitled_engine_processes_inherit_the_api_servers_devices(simulate: Any) -> None:
+    """setproctitle overwrites a VLLM:: process's /proc environ: its CUDA_VISIBLE_DEVICES
+    comes from the API server it inherited it from (seen on a real vLLM 0.32)."""
+    gpus = [f"GPU-80000000-0000-4000-8000-00000000000{i}" for i in range(3)]
+    doc = {
+        "gpus": [{"uuid": g} for g in gpus],
+        "processes": [
+            {
+                "pid": 10,
+                "ppid": 1,
+                "cmdline": ["vllm", "serve", "/m"],
+                "environ": {"CUDA_VISIBLE_DEVICES": "2"},
+            },
+            # What a real EngineCore/Worker environ shows: vLLM's own variables only.
+            {
+                "pid": 11,
+                "ppid": 10,
+                "cmdline": "VLLM::EngineCore",
+                "environ": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+            },
+            {
+                "pid": 12,
+                "ppid": 11,
+                "cmdline": "VLLM::Worker_TP0",
+                "environ": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+                "gpu_memory": {gpus[2]: "10GiB"},
+            },
+        ],
+    }
+    run = simulate(doc)
+    run.scrape()
+    published, _ = run.exporter.current()
+    views = {p.pid: p for p in published.ledger.processes}
+    assert views[12].cuda_devices == (gpus[2],)
+    assert views[11].cuda_devices == (gpus[2],)
+    assert views[10].cuda_devices == (gpus[2],)

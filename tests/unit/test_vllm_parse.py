@@ -415,3 +415,15 @@ def test_round_trip_property(
     assert parsed.requests_waiting == waiting
     assert parsed.kv_cache_usage_ratio == kv
     assert parsed.preemptions_total == preempted
+
+
+def test_idle_engine_with_declared_but_unsampled_gauges_reads_zero() -> None:
+    # Real capture: data parallel 2 behind two API servers, before the first request.
+    text = (FIXTURES / "vllm-0.32-cpu-dp2-idle.txt").read_text()
+    engines = {e.engine: e for e in parse_exposition(text)}
+    assert set(engines) == {"0", "1"}
+    for engine in engines.values():
+        assert engine.model_name == "tiny"
+        assert (engine.requests_running, engine.requests_waiting) == (0.0, 0.0)
+        assert engine.kv_cache_usage_ratio == 0.0
+        assert engine.preemptions_total == 0.0

@@ -350,7 +350,7 @@ def build_ledger(
                 title=found.title if found else "",
                 container=ref,
                 gpu_memory=held,
-                cuda_devices=_cuda_devices(found, ref, maps, host),
+                cuda_devices=_cuda_devices(found, ref, maps, host, process_table),
             )
         )
 
@@ -425,6 +425,7 @@ def _cuda_devices(
     ref: ContainerRef | None,
     maps: Mapping[ContainerRef, tuple[tuple[HostGpu, ...], str]],
     host: Sequence[HostGpu],
+    procs: Mapping[int, ProcessInfo],
 ) -> tuple[str, ...] | None:
     if info is None:
         return None
@@ -434,11 +435,38 @@ def _cuda_devices(
         visible = maps[ref][0]
     else:
         return None  # the container's device list is unknown
+    environ = _device_environ(info, procs)
+    if environ is None:
+        return None
     mapped = container_device_map(
         None,
-        info.environ.get("CUDA_VISIBLE_DEVICES"),
-        info.environ.get("CUDA_DEVICE_ORDER"),
+        environ.get("CUDA_VISIBLE_DEVICES"),
+        environ.get("CUDA_DEVICE_ORDER"),
         visible,
         allocated_uuids=[g.uuid for g in visible],
     )
     return tuple(g.uuid for g in mapped)
+
+
+# Processes that rename themselves with setproctitle: it reuses the memory of the
+# environment block, so /proc/<pid>/environ no longer shows what they inherited.
+_RETITLED = ("VLLM::",)
+
+
+def _device_environ(
+    info: ProcessInfo, procs: Mapping[int, ProcessInfo]
+) -> Mapping[str, str] | None:
+    """The environment that decides this process's devices: its own, or for a retitled
+    vLLM process that of its nearest intact ancestor in the same container (the API
+    server whose CUDA_VISIBLE_DEVICES it inherited); None when none is known."""
+    current: ProcessInfo | None = info
+    for _ in range(64):
+        if current is None:
+            return None
+        if not current.title.startswith(_RETITLED):
+            return current.environ
+        parent = procs.get(current.ppid) if current.ppid is not None else None
+        if parent is None or parent.cgroup != info.cgroup:
+            return None
+        current = parent
+    return None

@@ -87,9 +87,7 @@ _VALUE_SERIES = frozenset(
 # about 600 lines of which these are a dozen, and the parser costs ~10 us a line, so the
 # rest only gets a cheap shape check (one C-level regex match a line).
 _WANTED = (_RUNNING, _WAITING, _KV_USAGE, _KV_USAGE_OLD, "vllm:num_preemptions", _CACHE_CONFIG)
-_SAMPLE_SHAPE = re.compile(
-    r"[A-Za-z_:][A-Za-z0-9_:]*(?:\{.*\})?[ \t]+\S+(?:[ \t]+\S+)?[ \t]*"
-)
+_SAMPLE_SHAPE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(?:\{.*\})?[ \t]+\S+(?:[ \t]+\S+)?[ \t]*")
 _COMMENT_PREFIXES = ("# HELP ", "# TYPE ")
 
 
@@ -191,9 +189,9 @@ def _relevant_lines(text: str) -> str:
     return "\n".join(kept) + "\n"
 
 
-def _samples(text: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
+def _samples(relevant: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
     try:
-        for family in text_string_to_metric_families(_relevant_lines(text)):
+        for family in text_string_to_metric_families(relevant):
             for sample in family.samples:
                 yield sample.name, sample.labels, float(sample.value)
     except ExpositionError:
@@ -219,7 +217,11 @@ def parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
     # no model_name on the info series) and is dropped rather than guessed.
     configs: dict[tuple[str | None, str | None], dict[str, str] | None] = {}
 
-    for name, labels, raw in _samples(text):
+    relevant = _relevant_lines(text)
+    # An idle engine's gauges may have no sample at all until its first request (vLLM
+    # declares them with # TYPE only): a declared gauge without a sample reads 0.
+    declared = {line.split()[2] for line in relevant.splitlines() if line.startswith("# TYPE ")}
+    for name, labels, raw in _samples(relevant):
         if name == _CACHE_CONFIG:
             key = (labels.get("model_name"), labels.get("engine"))
             kept = {k: labels[k] for k in CACHE_CONFIG_LABELS if k in labels}
@@ -265,6 +267,13 @@ def parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
                 return frozen_map(found) if found is not None else frozen_map()
         return frozen_map()
 
+    for b in builders.values():
+        if b.running is None and _RUNNING in declared:
+            b.running = 0.0
+        if b.waiting is None and _WAITING in declared:
+            b.waiting = 0.0
+        if b.kv_new is None and b.kv_old is None and _KV_USAGE in declared:
+            b.kv_new = 0.0
     return tuple(
         EngineMetrics(
             model_name=model,
