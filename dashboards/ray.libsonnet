@@ -19,7 +19,10 @@ local g = import 'lib.libsonnet';
       [
         g.datasourceVariable,
         g.clusterVariable(c, 'gpuledger_build_info'),
-        g.queryVariable('namespace', 'Namespace', 'label_values(gpuledger_ray_node_gpus%s, namespace)' % S([])),
+        // Every namespace a workload is in (Ray GPU worker pods, actors, and the cluster-mode
+        // placement groups and pending work), not only those with Ray nodes on GPU nodes: a
+        // RayCluster whose placement groups are INFEASIBLE often has no GPU worker at all.
+        g.queryVariable('namespace', 'Namespace', 'label_values(gpuledger:workloads:group%s, namespace)' % g.selector(c, [], raw=false)),
         g.queryVariable('workload', 'Workload', 'label_values(gpuledger:workloads:group%s, workload)' % g.selector(c, [ns], raw=false)),
       ],
       [

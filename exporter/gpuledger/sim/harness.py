@@ -90,13 +90,28 @@ def write_proc_root(root: Path, processes: tuple[SimProcess, ...]) -> None:
     for proc in processes:
         base = root / str(proc.pid)
         base.mkdir(exist_ok=True)
-        (base / "status").write_text(_status(proc))
-        (base / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in proc.cmdline))
-        (base / "comm").write_text(Path(proc.cmdline[0]).name[:_COMM_LIMIT] + "\n")
-        (base / "cgroup").write_text(proc.cgroup.rstrip("\n") + "\n")
-        (base / "environ").write_bytes(
-            b"".join(f"{k}={v}".encode() + b"\0" for k, v in proc.environ.items())
-        )
+        files = {
+            "status": _status(proc).encode(),
+            "cmdline": b"".join(a.encode() + b"\0" for a in proc.cmdline),
+            "comm": (Path(proc.cmdline[0]).name[:_COMM_LIMIT] + "\n").encode(),
+            "cgroup": (proc.cgroup.rstrip("\n") + "\n").encode(),
+            "environ": b"".join(f"{k}={v}".encode() + b"\0" for k, v in proc.environ.items()),
+        }
+        for name, content in files.items():
+            _replace_file(base / name, content)
+
+
+def _replace_file(path: Path, content: bytes) -> None:
+    """Rewrite only what changed, atomically: a procfs read racing a phase change must see
+    the old or the new file, never a truncated one (as with the real /proc)."""
+    try:
+        if path.read_bytes() == content:
+            return
+    except OSError:
+        pass
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(content)
+    os.replace(temporary, path)
 
 
 def pod_object(pod: SimPod, ip: str | None, vllm_port: int | None) -> dict[str, Any]:
