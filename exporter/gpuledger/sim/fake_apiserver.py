@@ -17,7 +17,10 @@ Only what an informer needs, with the real wire behaviour:
   inside a 200 stream, as the real server sends it.
 * faults (`set_fault`): `refuse` (listening socket closed, connections cut), `http_500`,
   `forbidden` (403), `unauthorized` (401), `hang` (requests and open watches stall until
-  the fault is cleared); `set_delay` slows every answer.
+  the fault is cleared), `garbage` (200 with an HTML page instead of JSON), `truncated`
+  (a Content-Length, half the body, then the connection closes), `huge` (200 streaming a
+  list body of `huge_bytes`, 65 MiB by default); the last three also end open watches.
+  `set_delay` slows every answer.
 
 Resource versions are one global counter, as etcd's are: `expire_history()` moves it on
 (writes to other kinds would) and forgets every older version.
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import parse_qs, urlsplit
 
 import kubernetes.client
@@ -52,8 +55,13 @@ __all__ = [
     "pod_scheduled_false",
 ]
 
-Fault = Literal["ok", "refuse", "http_500", "forbidden", "unauthorized", "hang"]
-_FAULTS: tuple[str, ...] = ("ok", "refuse", "http_500", "forbidden", "unauthorized", "hang")
+Fault = Literal[
+    "ok", "refuse", "http_500", "forbidden", "unauthorized", "hang", "garbage", "truncated", "huge"
+]
+_FAULTS: tuple[str, ...] = get_args(Fault)
+# Faults that replace the body of every answer (and end open watches).
+_BODY_FAULTS = ("garbage", "truncated", "huge")
+HUGE_BYTES = 65 * 1024 * 1024
 _FAULT_STATUS = {
     "http_500": (500, "InternalError", "Internal error occurred: etcdserver: request timed out"),
     "forbidden": (
@@ -330,6 +338,7 @@ class FakeApiServer:
         self._snapshots: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self._fault: str = "ok"
         self._delay = 0.0
+        self.huge_bytes = HUGE_BYTES
         self._closing = False
         self._generation = 0  # bumped by expire_history: open watches end with 410
         self._port = 0
@@ -487,7 +496,7 @@ class FakeApiServer:
             self._cut_connections()
         elif previous == "refuse" and fault != "refuse":
             self._listen()  # same port: the client's configuration still points here
-        if fault in ("http_500", "forbidden", "unauthorized"):
+        if fault in ("http_500", "forbidden", "unauthorized", *_BODY_FAULTS):
             self._cut_connections()  # open watches break, as when a server restarts
 
     def set_delay(self, seconds: float) -> None:
@@ -516,6 +525,9 @@ class FakeApiServer:
             code, reason, message = _FAULT_STATUS[fault]
             handler.send_json(code, _status(code, reason, message))
             return
+        if fault in _BODY_FAULTS:
+            self._bad_body(handler, fault)
+            return
         path = parts.path.rstrip("/")
         namespace: str | None = None
         if path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
@@ -539,6 +551,29 @@ class FakeApiServer:
             self._serve_watch(handler, query, requirements)
         else:
             self._serve_list(handler, query, requirements)
+
+    def _bad_body(self, handler: _Handler, fault: str) -> None:
+        handler.close_connection = True
+        if fault == "garbage":
+            handler.send_raw(200, b"<html><body>502 Bad Gateway</body></html>\n", "text/html")
+            return
+        body = json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": []})
+        if fault == "truncated":
+            handler.send_raw(200, body.encode(), "application/json", cut=len(body) // 2)
+            return
+        # huge: valid JSON, just too big; no Content-Length, so only a streamed cap catches it
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        chunk = b"x" * (1024 * 1024)
+        handler.wfile.write(b'{"kind": "PodList", "metadata": {}, "items": [], "padding": "')
+        for _ in range(self.huge_bytes // len(chunk) + 1):
+            if self._closing:
+                return
+            handler.wfile.write(chunk)
+        handler.wfile.write(b'"}')
+        handler.wfile.flush()
 
     def _serve_list(
         self, handler: _Handler, query: Mapping[str, str], requirements: Sequence[_Requirement]
@@ -679,7 +714,7 @@ class FakeApiServer:
         """Wait for what an open watch sends next: (action, events, new cursor)."""
         with self._cond:
             while True:
-                if self._closing or self._fault in ("refuse", *_FAULT_STATUS):
+                if self._closing or self._fault in ("refuse", *_FAULT_STATUS, *_BODY_FAULTS):
                     raise _Closed
                 if self._generation != generation:
                     return "gone", [], cursor
@@ -767,6 +802,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
         self.wfile.flush()
+
+    def send_raw(self, code: int, body: bytes, content_type: str, cut: int | None = None) -> None:
+        """`body` as is; with `cut`, only its first `cut` bytes, then the connection closes."""
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body if cut is None else body[:cut])
+        self.wfile.flush()
+        if cut is not None:
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
 
     def start_stream(self) -> None:
         self.send_response(200)

@@ -12,7 +12,9 @@ Faults: `ok`; `unavailable` (every call aborts UNAVAILABLE, as while the kubelet
 restarts); `hang` (every call waits until the caller's deadline has passed);
 `unimplemented_allocatable` (GetAllocatableResources answers UNIMPLEMENTED, as kubelets
 before 1.21 do); `disabled_allocatable` (it fails UNKNOWN "... disabled", as 1.21-1.22 do
-with the feature gate off); `huge` (List answers with more than 16 MiB).
+with the feature gate off); `huge` (List answers with more than 16 MiB); `internal` (every
+call fails INTERNAL, a kubelet bug); `garbage` (List answers `garbage_bytes`, by default bytes
+that are not a ListPodResourcesResponse).
 
 Keep socket paths short: unix socket paths are limited to 107 bytes.
 """
@@ -26,16 +28,23 @@ import time
 from collections.abc import Sequence
 from concurrent import futures
 from types import TracebackType
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 import grpc
 
-from gpuledger.sources.podresources import api_pb2, api_pb2_grpc
+from gpuledger.sources.podresources import api_pb2
 
 __all__ = ["FAULTS", "ContainerSpec", "DeviceGroup", "FakeKubelet", "Fault", "PodSpec"]
 
 Fault = Literal[
-    "ok", "unavailable", "hang", "unimplemented_allocatable", "disabled_allocatable", "huge"
+    "ok",
+    "unavailable",
+    "hang",
+    "unimplemented_allocatable",
+    "disabled_allocatable",
+    "huge",
+    "internal",
+    "garbage",
 ]
 FAULTS: Final[tuple[str, ...]] = get_args(Fault)
 
@@ -48,6 +57,8 @@ PodSpec = tuple[str, str, Sequence[ContainerSpec]]
 
 # Just over the source's default 16 MiB receive limit.
 HUGE_BYTES: Final = 17 * 1024 * 1024
+# A field-1 length prefix far longer than what follows: no protobuf parser accepts it.
+GARBAGE_BYTES: Final = b"\x0a\xff\xff\xff\x0f<html>502 Bad Gateway</html>"
 # How often a hanging call looks whether its caller gave up or the server stops.
 _HANG_POLL_SECONDS: Final = 0.05
 # A hanging call with no client deadline still ends, so stop() never waits forever.
@@ -75,16 +86,20 @@ def _huge_response(size_bytes: int) -> api_pb2.ListPodResourcesResponse:
     return api_pb2.ListPodResourcesResponse(pod_resources=[pod])
 
 
-class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
+class _Servicer:
+    """The PodResourcesLister methods (registered by _handlers)."""
+
     def __init__(self, kubelet: FakeKubelet) -> None:
         self._kubelet = kubelet
 
     def List(
         self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
-    ) -> api_pb2.ListPodResourcesResponse:
+    ) -> api_pb2.ListPodResourcesResponse | bytes:
         fault = self._kubelet._enter("List", context)
         if fault == "huge":
             return self._kubelet._huge()
+        if fault == "garbage":
+            return self._kubelet.garbage_bytes
         return self._kubelet._list_response()
 
     def GetAllocatableResources(
@@ -101,6 +116,30 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
         return self._kubelet._allocatable_response()
 
 
+def _serialize(message: Any) -> bytes:
+    """Messages as protobuf; bytes as they are (the `garbage` fault)."""
+    return message if isinstance(message, bytes) else bytes(message.SerializeToString())
+
+
+def _handlers(servicer: _Servicer) -> grpc.GenericRpcHandler:
+    """The generated registration, with a serializer that lets raw bytes through."""
+    return grpc.method_handlers_generic_handler(
+        "v1.PodResourcesLister",
+        {
+            "List": grpc.unary_unary_rpc_method_handler(
+                servicer.List,
+                request_deserializer=api_pb2.ListPodResourcesRequest.FromString,
+                response_serializer=_serialize,
+            ),
+            "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
+                servicer.GetAllocatableResources,
+                request_deserializer=api_pb2.AllocatableResourcesRequest.FromString,
+                response_serializer=_serialize,
+            ),
+        },
+    )
+
+
 class FakeKubelet:
     """PodResourcesLister on `socket_path`; `start()`/`stop()` or use as a context manager."""
 
@@ -112,6 +151,8 @@ class FakeKubelet:
         self._allocatable: tuple[DeviceGroup, ...] = ()
         self._fault: Fault = "ok"
         self._huge_cache: api_pb2.ListPodResourcesResponse | None = None
+        # What List answers under the `garbage` fault (tests may set any bytes).
+        self.garbage_bytes = GARBAGE_BYTES
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
         # Calls received per method, faults included: lets tests see reconnects happen.
@@ -158,7 +199,7 @@ class FakeKubelet:
                 max_workers=self._max_workers, thread_name_prefix="fake-kubelet"
             )
         )
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
+        server.add_generic_rpc_handlers((_handlers(_Servicer(self)),))
         # grpc raises RuntimeError when it cannot bind (bad path, too long, no permission).
         server.add_insecure_port("unix://" + self.socket_path)
         server.start()
@@ -197,6 +238,8 @@ class FakeKubelet:
             fault = self._fault
         if fault == "unavailable":
             context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet is restarting")
+        if fault == "internal":
+            context.abort(grpc.StatusCode.INTERNAL, "fake kubelet: internal error")
         if fault == "hang":
             self._hang(context)
         return fault

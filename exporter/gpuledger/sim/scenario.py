@@ -7,6 +7,7 @@ Errors name the file, the path inside it and what was expected, e.g.
 from __future__ import annotations
 
 import re
+import reprlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,11 @@ _UNITS = {
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _SECONDS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 HOST_CGROUP = "0::/system.slice/host-workload.service"
+# A scenario file's values counted with aliases expanded: far above any real node (a
+# 10,000-pod cluster scenario is a few hundred thousand), far below a YAML alias bomb.
+MAX_DOCUMENT_NODES = 5_000_000
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring = 2, 3, 3, 40
 NVML_VARIANTS = ("no_v3", "no_memory_v2")
 
 
@@ -233,7 +239,8 @@ class _Path:
 
     def fail(self, expected: str, got: object) -> ScenarioError:
         where = "".join(self.parts) or "(top level)"
-        shown = repr(got)
+        # Containers through reprlib: a YAML alias bomb must not be expanded to be shown.
+        shown = _SHOW.repr(got) if isinstance(got, list | dict | tuple | set) else repr(got)
         if len(shown) > 60:
             shown = shown[:57] + "..."
         return ScenarioError(f"{self.source}: {where}: expected {expected}, got {shown}")
@@ -874,10 +881,35 @@ def load_scenario(path: str | Path) -> Scenario:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"{p}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{p.name}: byte {exc.start}: not UTF-8 text") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "(unknown line)"
         raise ScenarioError(f"{p.name}: {where}: not valid YAML") from None
+    except RecursionError:
+        raise ScenarioError(f"{p.name}: nested too deeply to be a scenario") from None
+    _check_size(doc, p.name)
     return parse_scenario(doc, p.name)
+
+
+def _check_size(doc: object, source: str) -> None:
+    """Refuse documents that expand past MAX_DOCUMENT_NODES (YAML aliases share nodes,
+    so a few lines can stand for billions: every later step would walk them all)."""
+    stack = [doc]
+    seen = 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_DOCUMENT_NODES:
+            raise ScenarioError(
+                f"{source}: more than {MAX_DOCUMENT_NODES} values once YAML aliases are "
+                "expanded: not a scenario"
+            )
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)

@@ -72,6 +72,12 @@ SOURCE = "kubernetes"
 Mode = Literal["node", "cluster"]
 
 _HTTP_GONE = 410
+# One list page (page_size pods) is a few MiB; far more is a broken or hostile server.
+# Refuse it rather than buffer it (objects are at most ~1.5 MiB: etcd's request limit).
+DEFAULT_MAX_LIST_BYTES = 64 * 1024 * 1024
+# 1,000 pages of 500: half a million pods. A server that never stops paging is broken.
+MAX_LIST_PAGES = 1000
+_CHUNK = 64 * 1024
 # Annotations are free text that other tools fill; keep only the discovery hints we use.
 ANNOTATION_PREFIXES = ("gpuledger.io/", "prometheus.io/")
 
@@ -274,7 +280,7 @@ def _describe_error(exc: BaseException, host: str) -> tuple[str, str]:
         if status == 403:
             return "forbidden", (
                 f"Kubernetes API {host} answered 403 Forbidden: the exporter's service "
-                "account needs get, list and watch on pods"
+                "account needs list and watch on pods"
             )
         if status == 429:
             return "throttled", f"Kubernetes API {host} answered 429 Too Many Requests"
@@ -331,6 +337,7 @@ class PodInformer:
         page_size: int = 500,
         backoff_base_seconds: float = 0.5,
         backoff_cap_seconds: float = 30.0,
+        max_list_bytes: int = DEFAULT_MAX_LIST_BYTES,
     ) -> None:
         if mode not in ("node", "cluster"):
             raise ValueError(f"mode must be 'node' or 'cluster', not {mode!r}")
@@ -348,6 +355,7 @@ class PodInformer:
         self._page_size = page_size
         self._backoff_base = backoff_base_seconds
         self._backoff_cap = backoff_cap_seconds
+        self._max_list_bytes = max_list_bytes
         # Cluster mode uses the scheduler's own selector for unbound pods. A pod leaving
         # a selector arrives as DELETED, so a pod that gets placed drops out by itself.
         self.field_selector = (
@@ -568,7 +576,7 @@ class PodInformer:
         pods: dict[str, PodInfo] = {}
         token: str | None = None
         consistent = False
-        while True:
+        for _ in range(MAX_LIST_PAGES):
             # Continue pages must not repeat the resourceVersion: the token carries it.
             versions = {"_continue": token} if token else self._list_versions(consistent)
             try:
@@ -587,17 +595,39 @@ class PodInformer:
                     continue
                 raise
             try:
-                body = json.loads(response.data)
+                body = json.loads(self._read_page(response))
+            except BaseException:
+                response.close()  # a half-read answer must not go back to the pool
+                raise
             finally:
                 response.release_conn()
-            for item in body.get("items") or ():
+            # A list answer is {"metadata": {...}, "items": [{...}, ...]}; anything else
+            # is a broken server (or not an API server at all).
+            is_list = isinstance(body, Mapping)
+            items = (body.get("items") or []) if is_list else None
+            metadata = (body.get("metadata") or {}) if is_list else None
+            if (
+                not isinstance(items, list)
+                or not all(isinstance(item, Mapping) for item in items)
+                or not isinstance(metadata, Mapping)
+            ):
+                raise SourceError(
+                    "bad_response", f"the Kubernetes API {self._host} sent no PodList"
+                )
+            for item in items:
                 info = pod_info(item, self.gpu_resources)
                 if info is not None and self._keep(info):
                     pods[info.uid] = info
-            metadata = body.get("metadata") or {}
-            token = metadata.get("continue") or None
+            raw_token = metadata.get("continue")
+            token = raw_token if isinstance(raw_token, str) and raw_token else None
             if token is None:
                 break
+        else:
+            raise SourceError(
+                "bad_response",
+                f"the Kubernetes API {self._host} kept sending list pages: "
+                f"more than {MAX_LIST_PAGES}",
+            )
         self._resource_version = str(metadata.get("resourceVersion") or "") or None
         with self._lock:
             self._pods = pods
@@ -606,6 +636,34 @@ class PodInformer:
             self._error = None
             self._counts["lists"] += 1
             self._last_sync = time.time()
+
+    def _read_page(self, response: Any) -> bytes:
+        """A list answer's body, bounded in size and in total time.
+
+        The request timeout bounds each socket read; a server dripping bytes would reset it
+        forever, so the whole body gets the same budget. read1 returns what one socket read
+        brings, so the budget is checked while the server trickles.
+        """
+        deadline = time.monotonic() + self._request_timeout
+        chunks: list[bytes] = []
+        size = 0
+        read = getattr(response, "read1", None) or response.read
+        while chunk := read(_CHUNK, decode_content=True):
+            size += len(chunk)
+            if size > self._max_list_bytes:
+                raise SourceError(
+                    "too_large",
+                    f"the Kubernetes API {self._host} answered a list page over "
+                    f"{self._max_list_bytes // (1024 * 1024)} MiB",
+                )
+            if time.monotonic() > deadline:
+                raise SourceError(
+                    "timeout",
+                    f"the Kubernetes API {self._host} took over {self._request_timeout:g}s "
+                    "to send a list page",
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _watch_once(self) -> bool:
         """One watch request until the server ends it. True if it delivered events or
@@ -646,6 +704,13 @@ class PodInformer:
         return delivered > 0 or time.monotonic() - started >= 1.0
 
     def _apply(self, event: Mapping[str, Any]) -> None:
+        if not isinstance(event, Mapping):
+            # The client yields None for a line that is not JSON: the stream is broken,
+            # events may be lost, so the loop relists.
+            raise SourceError(
+                "bad_response",
+                f"the Kubernetes API {self._host} sent a watch line that is not JSON",
+            )
         kind = event.get("type")
         obj = _obj(event.get("raw_object") or event.get("object"))
         metadata = _obj(obj.get("metadata"))

@@ -11,6 +11,7 @@ names in ALLOWED_ENV / ALLOWED_FLAGS are kept; nothing else leaves this module.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -130,8 +131,17 @@ class ProcfsSource:
         if not self.root.is_dir():
             raise SourceError("proc_root_missing", f"proc root {str(self.root)!r} does not exist")
         found: dict[int, ProcessInfo] = {}
-        for pid in sorted(set(pids)):
+        wanted = sorted(set(pids))
+        for pid in wanted:
             self._walk_up(pid, found)
+        if wanted and not any(pid in found for pid in wanted):
+            # Not one GPU process is visible: the proc root is not the host's (no hostPID,
+            # or hidepid). Say so rather than report every GPU as holding nobody's memory.
+            raise SourceError(
+                "pids_not_visible",
+                f"none of the {len(wanted)} GPU processes NVML reports is under "
+                f"{str(self.root)!r}: run with hostPID: true and --proc-root at the host's /proc",
+            )
         return ProcSnapshot(processes=frozen_map(found))
 
     def _walk_up(self, pid: int, found: dict[int, ProcessInfo]) -> None:
@@ -146,12 +156,18 @@ class ProcfsSource:
             current = info.ppid
 
     def read_process(self, pid: int) -> ProcessInfo | None:
+        """What /proc tells about `pid`; None when it is gone, also when it exits
+        between the reads of its status and its cgroup."""
         base = f"{self._root}/{pid}"
         status = _read(f"{base}/status", _SMALL_FILE)
         if status is None:
             return None  # gone: nothing to say about it
         ppid, nspid = parse_status(status.decode(errors="replace"))
         cgroup = _read(f"{base}/cgroup", _SMALL_FILE)
+        if cgroup is None and not os.path.exists(f"{base}/status"):
+            # Exited between the two reads: which pod it was in is unknown, which is not
+            # the same as "in no pod" (that would count its memory as the host's).
+            return None
         cmdline = _read(f"{base}/cmdline", _SMALL_FILE) or b""
         environ = _read(f"{base}/environ", _ENVIRON_LIMIT)
         if environ is None:

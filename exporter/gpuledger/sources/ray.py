@@ -712,6 +712,9 @@ class RayStateClient:
                 body = self._read(response, deadline, where)
             except requests.RequestException as exc:
                 raise self._transport_error(exc, where) from None
+            except urllib3.exceptions.HTTPError as exc:
+                # Read straight from urllib3 (see _body_chunks): its errors are not wrapped.
+                raise self._body_error(exc, where) from None
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -739,6 +742,17 @@ class RayStateClient:
                 )
             chunks.append(chunk)
         return b"".join(chunks)
+
+    def _body_error(self, exc: urllib3.exceptions.HTTPError, where: str) -> SourceError:
+        if isinstance(exc, urllib3.exceptions.TimeoutError) and not isinstance(
+            exc, urllib3.exceptions.NewConnectionError
+        ):
+            return SourceError(
+                "timeout", f"no answer from {where} within {self.timeout_seconds:g}s"
+            )
+        if isinstance(exc, urllib3.exceptions.ProtocolError | urllib3.exceptions.DecodeError):
+            return SourceError("bad_response", f"{where} sent a truncated or undecodable body")
+        return SourceError("unreachable", f"request to {where} failed: {type(exc).__name__}")
 
     def _too_large(self, where: str) -> SourceError:
         mib = self.max_response_bytes / (1024 * 1024)

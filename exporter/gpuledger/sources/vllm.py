@@ -39,6 +39,24 @@ log = logging.getLogger(__name__)
 
 SOURCE = "vllm"
 
+
+class _PathOnly(logging.Filter):
+    """urllib3 logs every request line at DEBUG with its query string, and a target's
+    query may carry a token (`/metrics?token=...`): keep the path, drop the query."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                f"{a.split('?', 1)[0]}?<query removed>"
+                if isinstance(a, str) and a.startswith("/") and "?" in a
+                else a
+                for a in record.args
+            )
+        return True
+
+
+logging.getLogger("urllib3.connectionpool").addFilter(_PathOnly())
+
 # The only cache_config_info labels kept; every other label is dropped unread.
 CACHE_CONFIG_LABELS: tuple[str, ...] = ("num_gpu_blocks", "block_size")
 
