@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuledger.ledger.tree import ancestors
 from gpuledger.model import ProcessInfo, frozen_map
 from gpuledger.sources.vllm import EngineMetrics, EngineScrape, VllmSnapshot, safe_url
 
@@ -83,24 +84,27 @@ class _ProcessGroup:
 
 
 def _api_server_of(pid: int, procs: Mapping[int, ProcessInfo]) -> int | None:
-    current = procs.get(pid)
-    while current is not None and current.title.startswith("VLLM::"):
-        if current.ppid is None or current.ppid not in procs:
-            return None
-        current = procs[current.ppid]
-    return current.pid if current is not None else None
+    """The nearest ancestor that is not a `VLLM::` process: the API server."""
+    info = procs.get(pid)
+    if info is None:
+        return None
+    if not info.title.startswith("VLLM::"):
+        return info.pid
+    for parent in ancestors(info, procs):
+        if not parent.title.startswith("VLLM::"):
+            return parent.pid
+    return None
 
 
 def _engine_rank(proc: VllmProcess, pid: int, procs: Mapping[int, ProcessInfo]) -> int:
     """DP rank of a process: its own title, else its EngineCore ancestor's, else 0."""
     if proc.dp_rank is not None:
         return proc.dp_rank
-    current = procs.get(pid)
-    while current is not None and current.ppid in procs:
-        current = procs[current.ppid] if current.ppid is not None else None
-        parent = parse_vllm_title(current.title) if current else None
-        if parent is not None and parent.dp_rank is not None:
-            return parent.dp_rank
+    info = procs.get(pid)
+    for parent in ancestors(info, procs) if info is not None else ():
+        found = parse_vllm_title(parent.title)
+        if found is not None and found.dp_rank is not None:
+            return found.dp_rank
     return 0
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from gpuledger.identity.devices import HostGpu, container_device_map
 from gpuledger.ledger.engines import Engine, build_engines
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_local
+from gpuledger.ledger.tree import ancestors
 from gpuledger.model import Gpu, NvmlSnapshot, ProcessInfo, ProcSnapshot, SourceStatus
 from gpuledger.sources.kubernetes import PodInfo, PodsSnapshot
 from gpuledger.sources.podresources import PodResourcesSnapshot
@@ -185,13 +186,11 @@ def _container_root_env(
     """
 
     def depth(info: ProcessInfo) -> int:
-        steps, current = 0, info
-        own = info.cgroup
-        while current.ppid is not None and current.ppid in procs:
-            parent = procs[current.ppid]
-            if parent.cgroup != own:
+        steps = 0
+        for parent in ancestors(info, procs):
+            if parent.cgroup != info.cgroup:
                 break
-            current, steps = parent, steps + 1
+            steps += 1
         return steps
 
     witnesses = [m for m in members if "NVIDIA_VISIBLE_DEVICES" in m.environ]
@@ -459,14 +458,11 @@ def _device_environ(
     """The environment that decides this process's devices: its own, or for a retitled
     vLLM process that of its nearest intact ancestor in the same container (the API
     server whose CUDA_VISIBLE_DEVICES it inherited); None when none is known."""
-    current: ProcessInfo | None = info
-    for _ in range(64):
-        if current is None:
+    if not info.title.startswith(_RETITLED):
+        return info.environ
+    for parent in ancestors(info, procs):
+        if parent.cgroup != info.cgroup:
             return None
-        if not current.title.startswith(_RETITLED):
-            return current.environ
-        parent = procs.get(current.ppid) if current.ppid is not None else None
-        if parent is None or parent.cgroup != info.cgroup:
-            return None
-        current = parent
+        if not parent.title.startswith(_RETITLED):
+            return parent.environ
     return None
