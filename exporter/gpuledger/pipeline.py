@@ -270,6 +270,7 @@ class Pipeline:
         )
         self._remember_engines(vllm_snap)
         self._account(statuses, started)
+        self._account_engines(vllm_snap)
         return self.published(ledger)
 
     def _start_vllm(self, pods: PodsSnapshot | None) -> Started[VllmSnapshot]:
@@ -327,6 +328,15 @@ class Pipeline:
                             status.error_message,
                         )
                     self._last_reason[status.source] = reason
+
+    def _account_engines(self, snapshot: VllmSnapshot | None) -> None:
+        """One engine failing is not the vllm source failing, but its reason counts."""
+        if snapshot is None:
+            return
+        with self._lock:
+            for scrape in snapshot.scrapes:
+                if not scrape.up and scrape.error_reason not in (None, "not_vllm"):
+                    self._errors[(VLLM, scrape.error_reason or "unknown")] += 1
 
     def published(self, ledger: Ledger) -> Published:
         with self._lock:

@@ -96,7 +96,11 @@ def workload_verdict(
             f"pod {p['namespace']}/{p['name']} placed on {p.get('node') or '?'}, not Ready yet"
             for p in starting
         ]
-        evidence += [f"{_name(e)} not answering at {e.get('url')}" for e in down]
+        evidence += [
+            f"{_name(e)} not answering at {e.get('url')}"
+            + (f" ({e['reason']})" if e.get("reason") else "")
+            for e in down
+        ]
         return Verdict(
             "starting", "pod_not_ready" if starting else "engine_not_up", tuple(evidence)
         )

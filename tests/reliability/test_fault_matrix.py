@@ -687,15 +687,6 @@ def test_fault(cell: Cell, baseline: frozenset[Any], node_for: Callable[[Cell], 
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="why a vLLM engine is down (EngineScrape.error_reason/_message: refused, timeout, "
-    "http_500, too_large, garbage...) is computed by the scraper and dropped by the ledger: "
-    "/metrics has only gpuledger_engine_up 0 and /ledger.json's engine entry has no reason. "
-    "Fix: carry error_reason/error_message into ledger.engines.Engine, emit them as "
-    "`reason`/`message` in document.py's engines, and count failed target scrapes in "
-    "gpuledger_source_errors_total{source='vllm',reason} (bounded: REASONS + http_<code>).",
-)
 def test_why_an_engine_is_down_is_visible(node_for: Callable[[Cell], Node]) -> None:
     cell = next(c for c in CELLS if c.id == "vllm-erroring")
     node = node_for(cell)

@@ -73,6 +73,9 @@ class Engine:
     gpus_configured: int | None = None
     # Distinct GPUs the engine's processes hold, when its processes were found.
     gpus_in_use: int | None = None
+    # Why the last scrape failed (refused, timeout, http_500, ...), when it did.
+    error_reason: str | None = None
+    error_message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,8 @@ def _engines_of(
             gpus=gpus,
             gpus_configured=_configured_gpus(group) if joined else None,
             gpus_in_use=len({g.gpu_uuid for g in gpus}) if joined else None,
+            error_reason=scrape.error_reason,
+            error_message=scrape.error_message,
         )
 
     if scrape.up:
