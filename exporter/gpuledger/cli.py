@@ -321,6 +321,7 @@ def run_exporter(
         if on_tick is not None:
             on_tick.tick()
     httpd.shutdown()
+    httpd.server_close()
     exporter.stop()
     pipeline.close()
     return 0

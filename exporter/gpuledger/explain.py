@@ -13,12 +13,15 @@ read.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
+import urllib3.exceptions
 
+from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.document import SCHEMA
 from gpuledger.verdict import Thresholds, Verdict, workload_verdict
 
@@ -34,19 +37,24 @@ class ExplainError(Exception):
 
 
 def fetch_document(url: str, timeout: float = 5.0) -> Doc:
-    """GET <exporter>/ledger.json, bounded in time and size."""
+    """GET <exporter>/ledger.json, bounded in total time and size."""
     target = url.rstrip("/")
     if not target.endswith("/ledger.json"):
         target += "/ledger.json"
+    deadline = time.monotonic() + timeout
     try:
         with requests.get(target, timeout=timeout, stream=True) as resp:
             if resp.status_code != 200:
                 raise ExplainError(EXIT_UNREACHABLE, f"{target}: HTTP {resp.status_code}")
-            body = resp.raw.read(MAX_DOCUMENT_BYTES + 1, decode_content=True)
-    except requests.RequestException as exc:
+            body = read_bounded(resp.raw, MAX_DOCUMENT_BYTES, deadline)
+    except BodyTooLarge:
+        raise ExplainError(EXIT_UNREACHABLE, f"{target}: document larger than 64 MiB") from None
+    except BodyTimedOut:
+        raise ExplainError(
+            EXIT_UNREACHABLE, f"{target}: no complete answer in {timeout:g}s"
+        ) from None
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         raise ExplainError(EXIT_UNREACHABLE, f"{target}: {type(exc).__name__}") from None
-    if len(body) > MAX_DOCUMENT_BYTES:
-        raise ExplainError(EXIT_UNREACHABLE, f"{target}: document larger than 64 MiB")
     try:
         doc = json.loads(body)
     except ValueError:
@@ -322,6 +330,15 @@ STAGE_TEXT = {
 }
 
 
+_UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
+
+
+def printable(text: str) -> str:
+    """Values from pods, engines and process titles, made safe for a terminal: a control
+    character (an escape sequence, a newline forging a verdict line) is shown escaped."""
+    return text.translate(_UNPRINTABLE)
+
+
 def render_text(result: Mapping[str, Any]) -> str:
     lines: list[str] = []
     gpu = result.get("gpu")
@@ -352,7 +369,7 @@ def render_text(result: Mapping[str, Any]) -> str:
             lines.append("  ledger: allocations, processes and engines agree")
     for unknown in result["unknowns"]:
         lines.append(f"unknown: {unknown}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def _pod_lines(entry: Mapping[str, Any]) -> list[str]:

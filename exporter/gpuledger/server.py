@@ -6,14 +6,21 @@ scrape costs a render and never waits on a source.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import html
+import io
 import json
 import logging
+import queue
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import choose_encoder
@@ -117,20 +124,17 @@ LANDING = """<!doctype html>
 
 
 def make_handler(exporter: Exporter, node: str, mode: str) -> type[BaseHTTPRequestHandler]:
-    slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
-
     class Handler(BaseHTTPRequestHandler):
         server_version = f"gpuledger/{__version__}"
-        timeout = 10  # a client that stalls mid-request cannot hold a thread forever
+        timeout = 10  # writing the answer to a client that stopped reading
+
+        def setup(self) -> None:
+            super().setup()
+            # The gate already read the whole request head without a thread.
+            self.rfile = io.BytesIO(_prefetched.head)
 
         def do_GET(self) -> None:
-            if not slots.acquire(blocking=False):
-                self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"too many requests\n", "text/plain")
-                return
-            try:
-                self._route()
-            finally:
-                slots.release()
+            self._route()
 
         def _route(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -196,8 +200,129 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", port
 
 
-def serve(exporter: Exporter, listen: str, node: str, mode: str) -> ThreadingHTTPServer:
+_prefetched = threading.local()
+HEAD_TIMEOUT_SECONDS = 5.0
+MAX_HEAD_BYTES = 16 * 1024
+MAX_WAITING_CONNECTIONS = 1024
+_BUSY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 18\r\nConnection: close\r\n\r\ntoo many requests\n"
+)
+
+
+class GatedHTTPServer(HTTPServer):
+    """An HTTP server whose threads work only on complete requests.
+
+    One gate thread reads request heads from every connection without blocking, so an
+    idle or slow client costs a file descriptor for HEAD_TIMEOUT_SECONDS, not a thread.
+    A complete request goes to one of MAX_CONCURRENT_REQUESTS workers, or is answered 503
+    at once when all are busy.
+    """
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            MAX_CONCURRENT_REQUESTS, thread_name_prefix="http"
+        )
+        self._selector = selectors.DefaultSelector()
+        self._arrivals: queue.SimpleQueue[tuple[socket.socket, Any]] = queue.SimpleQueue()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._selector.register(self._wake_reader, selectors.EVENT_READ, None)
+        self._closing = threading.Event()
+        self._gate = threading.Thread(target=self._gate_loop, name="http-gate", daemon=True)
+        self._gate.start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._arrivals.put((request, client_address))
+        with contextlib.suppress(OSError):
+            self._wake_writer.send(b"\0")
+
+    def _gate_loop(self) -> None:
+        waiting: dict[socket.socket, tuple[Any, bytearray, float]] = {}
+        while not self._closing.is_set():
+            for key, _ in self._selector.select(timeout=0.25):
+                if key.fileobj is self._wake_reader:
+                    with contextlib.suppress(OSError):
+                        self._wake_reader.recv(4096)
+                    self._admit(waiting)
+                else:
+                    self._read_head(key.fileobj, waiting)  # type: ignore[arg-type]
+            now = time.monotonic()
+            for sock in [s for s, (_, _, until) in waiting.items() if until < now]:
+                self._drop(sock, waiting)
+        for sock in list(waiting):
+            self._drop(sock, waiting)
+
+    def _admit(self, waiting: dict[socket.socket, tuple[Any, bytearray, float]]) -> None:
+        while True:
+            try:
+                sock, address = self._arrivals.get_nowait()
+            except queue.Empty:
+                return
+            if len(waiting) >= MAX_WAITING_CONNECTIONS:
+                self.shutdown_request(sock)
+                continue
+            sock.setblocking(False)
+            self._selector.register(sock, selectors.EVENT_READ, None)
+            waiting[sock] = (address, bytearray(), time.monotonic() + HEAD_TIMEOUT_SECONDS)
+
+    def _read_head(
+        self, sock: socket.socket, waiting: dict[socket.socket, tuple[Any, bytearray, float]]
+    ) -> None:
+        address, head, _ = waiting[sock]
+        try:
+            data = sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        head += data
+        if not data or len(head) > MAX_HEAD_BYTES:
+            self._drop(sock, waiting)
+        elif b"\r\n\r\n" in head or b"\n\n" in head:
+            self._selector.unregister(sock)
+            del waiting[sock]
+            sock.setblocking(True)
+            sock.settimeout(10)
+            if self._slots.acquire(blocking=False):
+                self._workers.submit(self._work, sock, address, bytes(head))
+            else:
+                with contextlib.suppress(OSError):
+                    sock.sendall(_BUSY)
+                self.shutdown_request(sock)
+
+    def _drop(
+        self, sock: socket.socket, waiting: dict[socket.socket, tuple[Any, bytearray, float]]
+    ) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(sock)
+        waiting.pop(sock, None)
+        self.shutdown_request(sock)
+
+    def _work(self, sock: socket.socket, address: Any, head: bytes) -> None:
+        try:
+            _prefetched.head = head
+            self.RequestHandlerClass(sock, address, self)  # type: ignore[arg-type]
+        except Exception:  # one broken request must not cost the worker
+            log.debug("request failed", exc_info=True)
+        finally:
+            self.shutdown_request(sock)
+            self._slots.release()
+
+    def server_close(self) -> None:
+        self._closing.set()
+        with contextlib.suppress(OSError):
+            self._wake_writer.send(b"\0")
+        self._gate.join(timeout=5)
+        self._workers.shutdown(wait=False, cancel_futures=True)
+        self._selector.close()
+        self._wake_reader.close()
+        self._wake_writer.close()
+        super().server_close()
+
+
+def serve(exporter: Exporter, listen: str, node: str, mode: str) -> GatedHTTPServer:
     host, port = parse_listen(listen)
-    httpd = ThreadingHTTPServer((host, port), make_handler(exporter, node, mode))
-    httpd.daemon_threads = True
-    return httpd
+    return GatedHTTPServer((host, port), make_handler(exporter, node, mode))

@@ -209,13 +209,6 @@ def test_landing_page_escapes_the_node_name(node: Node) -> None:
     assert "i" not in page.tags and NODE in "".join(page.text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="explain's text output prints names as they are: a vLLM --served-model-name or a "
-    "process title (argv[0], which any process sets) with control characters reaches the "
-    "operator's terminal raw (ESC sequences, forged lines). Fix: in explain.render_text, "
-    "write non-printable characters escaped (repr-style \\x1b, \\n).",
-)
 def test_explain_text_carries_no_control_characters(node: Node, tmp_path: Path) -> None:
     escape = "m\x1b]0;owned\x07\x1b[2J\nverdict: serving"
     node.sim.engines[f"{NAMESPACE}/{POD}"].set_engines([FakeEngine(model_name=escape, running=1)])
@@ -229,4 +222,5 @@ def test_explain_text_carries_no_control_characters(node: Node, tmp_path: Path) 
     assert "engine m" in text  # the engine line is there, with the name in it
     forged = [c for c in text if not c.isprintable() and c != "\n"]
     assert not forged, f"raw control characters in explain output: {forged!r}"
-    assert text.count("verdict:") == 1, "a name forged a line of its own"
+    verdict_lines = [ln for ln in text.splitlines() if ln.lstrip().startswith("verdict:")]
+    assert len(verdict_lines) == 1, "a name forged a line of its own"

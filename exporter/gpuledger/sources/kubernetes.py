@@ -44,6 +44,7 @@ import kubernetes.watch
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
+from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.identity.scheduling import (
     DEFAULT_GPU_RESOURCES,
     classify_pending,
@@ -77,7 +78,6 @@ _HTTP_GONE = 410
 DEFAULT_MAX_LIST_BYTES = 64 * 1024 * 1024
 # 1,000 pages of 500: half a million pods. A server that never stops paging is broken.
 MAX_LIST_PAGES = 1000
-_CHUNK = 64 * 1024
 # Annotations are free text that other tools fill; keep only the discovery hints we use.
 ANNOTATION_PREFIXES = ("gpuledger.io/", "prometheus.io/")
 
@@ -645,25 +645,20 @@ class PodInformer:
         brings, so the budget is checked while the server trickles.
         """
         deadline = time.monotonic() + self._request_timeout
-        chunks: list[bytes] = []
-        size = 0
-        read = getattr(response, "read1", None) or response.read
-        while chunk := read(_CHUNK, decode_content=True):
-            size += len(chunk)
-            if size > self._max_list_bytes:
-                raise SourceError(
-                    "too_large",
-                    f"the Kubernetes API {self._host} answered a list page over "
-                    f"{self._max_list_bytes // (1024 * 1024)} MiB",
-                )
-            if time.monotonic() > deadline:
-                raise SourceError(
-                    "timeout",
-                    f"the Kubernetes API {self._host} took over {self._request_timeout:g}s "
-                    "to send a list page",
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return read_bounded(response, self._max_list_bytes, deadline)
+        except BodyTooLarge:
+            raise SourceError(
+                "too_large",
+                f"the Kubernetes API {self._host} answered a list page over "
+                f"{self._max_list_bytes // (1024 * 1024)} MiB",
+            ) from None
+        except BodyTimedOut:
+            raise SourceError(
+                "timeout",
+                f"the Kubernetes API {self._host} took over {self._request_timeout:g}s "
+                "to send a list page",
+            ) from None
 
     def _watch_once(self) -> bool:
         """One watch request until the server ends it. True if it delivered events or

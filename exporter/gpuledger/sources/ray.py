@@ -28,7 +28,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -37,6 +37,7 @@ import requests
 import urllib3.exceptions
 
 from gpuledger import __version__
+from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.model import frozen_map
 from gpuledger.sources.base import SourceError
 
@@ -69,7 +70,6 @@ PENDING_PG_STATES: Final = frozenset({"PENDING", "RESCHEDULING"})
 # to be placed again. DEPENDENCIES_UNREADY waits for its arguments, not for resources.
 PENDING_ACTOR_STATES: Final = frozenset({"PENDING_CREATION", "RESTARTING"})
 
-_CHUNK: Final = 64 * 1024
 _GPU: Final = "GPU"
 # Inside a placement group Ray rewrites an actor's resources to the bundle's names:
 # `GPU_group_<pg>` (any bundle) and, with a bundle index, also `GPU_group_<i>_<pg>`.
@@ -492,21 +492,6 @@ def _base_url(address: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
-def _body_chunks(response: requests.Response) -> Iterator[bytes]:
-    """Decoded body pieces as they arrive.
-
-    read1 returns whatever one socket read brings, so the caller's deadline is checked
-    while a slow server trickles; iter_content(chunk_size) would block until a whole
-    chunk (or the end) arrived, however long the server takes to send it.
-    """
-    raw = response.raw
-    if hasattr(raw, "read1"):  # urllib3 >= 2.3
-        while chunk := raw.read1(_CHUNK, decode_content=True):
-            yield chunk
-    else:
-        yield from raw.stream(8 * 1024, decode_content=True)
-
-
 def _has_cause(exc: BaseException, *types: type[BaseException]) -> bool:
     """Whether `exc` or anything it wraps is one of `types`.
 
@@ -713,7 +698,7 @@ class RayStateClient:
             except requests.RequestException as exc:
                 raise self._transport_error(exc, where) from None
             except urllib3.exceptions.HTTPError as exc:
-                # Read straight from urllib3 (see _body_chunks): its errors are not wrapped.
+                # Read straight from urllib3 (gpuledger.bounded): its errors are not wrapped.
                 raise self._body_error(exc, where) from None
         try:
             payload = json.loads(body)
@@ -729,19 +714,14 @@ class RayStateClient:
         declared = response.headers.get("Content-Length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_response_bytes:
             raise self._too_large(where)
-        chunks: list[bytes] = []
-        size = 0
-        # A server dripping bytes would reset the read timeout forever: bound the total.
-        for chunk in _body_chunks(response):
-            size += len(chunk)
-            if size > self.max_response_bytes:
-                raise self._too_large(where)
-            if time.monotonic() > deadline:
-                raise SourceError(
-                    "timeout", f"{where} took longer than {self.timeout_seconds:g}s to answer"
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return read_bounded(response.raw, self.max_response_bytes, deadline)
+        except BodyTooLarge:
+            raise self._too_large(where) from None
+        except BodyTimedOut:
+            raise SourceError(
+                "timeout", f"{where} took longer than {self.timeout_seconds:g}s to answer"
+            ) from None
 
     def _body_error(self, exc: urllib3.exceptions.HTTPError, where: str) -> SourceError:
         if isinstance(exc, urllib3.exceptions.TimeoutError) and not isinstance(

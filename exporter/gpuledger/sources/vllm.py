@@ -33,6 +33,7 @@ import urllib3.exceptions
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger import __version__
+from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.model import frozen_map
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,6 @@ DEFAULT_MAX_WORKERS = 8
 MAX_ENGINES_PER_TARGET = 256
 MAX_WAITING_REASONS = 16
 
-_CHUNK = 64 * 1024
 _MAX_REDIRECTS = 3
 
 # Series names across releases. Older engines (V0, before the rename in 0.9/0.10) used
@@ -398,21 +398,6 @@ _MESSAGES: dict[str, str] = {
 }
 
 
-def _body_chunks(response: requests.Response) -> Iterator[bytes]:
-    """Decoded body pieces as they arrive.
-
-    read1 returns whatever one socket read brings (iter_content would wait for a full
-    chunk), so the deadline is checked while a slow server trickles; it decodes gzip
-    with a bounded output per call, so the size cap applies to decoded bytes.
-    """
-    raw = response.raw
-    if hasattr(raw, "read1"):  # urllib3 >= 2.3
-        while chunk := raw.read1(_CHUNK, decode_content=True):
-            yield chunk
-    else:
-        yield from raw.stream(8 * 1024, decode_content=True)
-
-
 class VllmScraper:
     """Scrapes vLLM engines concurrently, each bounded in time and body size.
 
@@ -542,18 +527,14 @@ class VllmScraper:
                 encoded = response.headers.get("Content-Encoding", "identity") != "identity"
                 if not encoded and declared.isdigit() and int(declared) > self.max_body_bytes:
                     raise self._too_large()
-                chunks: list[bytes] = []
-                size = 0
-                for chunk in _body_chunks(response):
-                    size += len(chunk)
-                    if size > self.max_body_bytes:
-                        raise self._too_large()
-                    chunks.append(chunk)
-                    if time.monotonic() > deadline:
-                        raise _ScrapeFailed(
-                            "timeout", f"body not complete within {self.timeout_seconds:g}s"
-                        )
-                return b"".join(chunks)
+                try:
+                    return read_bounded(response.raw, self.max_body_bytes, deadline)
+                except BodyTooLarge:
+                    raise self._too_large() from None
+                except BodyTimedOut:
+                    raise _ScrapeFailed(
+                        "timeout", f"body not complete within {self.timeout_seconds:g}s"
+                    ) from None
 
     def _too_large(self) -> _ScrapeFailed:
         return _ScrapeFailed("too_large", f"body larger than {self.max_body_bytes} bytes")
