@@ -123,6 +123,7 @@ def main() -> None:
     )
     print(f"allocated in gpuledger/    {held_by_gpuledger / 2**20:.1f} MiB (excl. the simulator)")
     print(f"RSS growth                 {(rss_after - rss_before) / 2**20:.1f} MiB")
+    print(f"RSS (with the simulator)   {rss_after / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":
