@@ -353,9 +353,12 @@ DEMO_BANNER = """\
 gpuledger demo: a SIMULATED node, not your hardware.
   Node "{node}": 8 simulated H100-class GPUs (fake NVML at the C ABI + a synthetic /proc).
   Pods: two time-sliced on one GPU, one that holds a GPU it never opens, plus a host process.
+  Also simulated: the kubelet's PodResources, the Kubernetes API and a queueing vLLM engine.
 Look at:
-  {{url}}/          landing page
-  {{url}}/metrics   the exposition (try: curl -s {{url}}/metrics | grep container_gpu)
+  {{url}}/ledger    the node's GPU ledger, readable (open it in a browser)
+  {{url}}/metrics   the exposition (try: curl -s {{url}}/metrics | grep allocated_unused)
+  gpuledger explain --from {{url}} --workload llm/llama-8b
+                        where that workload's requests wait, and why
 Stop with Ctrl-C."""
 
 
