@@ -423,6 +423,8 @@ class VllmScraper:
         self.verify_tls = verify_tls
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._sessions: list[requests.Session] = []
 
     def fetch(self, targets: Sequence[EngineTarget]) -> VllmSnapshot:
         if not targets:
@@ -465,6 +467,9 @@ class VllmScraper:
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            session.close()
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -501,40 +506,50 @@ class VllmScraper:
             raise _ScrapeFailed("not_vllm", "no vllm: series in the exposition")
         return engines
 
-    def _download(self, url: str, deadline: float) -> bytes:
-        with requests.Session() as session:
+    def _session(self) -> requests.Session:
+        """One keep-alive session per worker thread: engines are scraped every cycle, and a
+        new TCP connection (and session) per scrape doubled the client's CPU."""
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
             # Pod IPs must not go through a proxy from the environment; no .netrc either.
             session.trust_env = False
             session.max_redirects = _MAX_REDIRECTS
-            response = session.get(
-                url,
-                headers={
-                    # Plain text format: prometheus_client's text parser is what we run.
-                    "Accept": "text/plain;version=0.0.4;q=1.0, */*;q=0.1",
-                    "Accept-Encoding": "gzip",
-                    "User-Agent": f"gpuledger/{__version__}",
-                },
-                timeout=(self.timeout_seconds, self.timeout_seconds),
-                stream=True,
-                verify=self.verify_tls,
-            )
-            with response:
-                status = response.status_code
-                if status != 200:
-                    code = status if 100 <= status <= 599 else 0
-                    raise _ScrapeFailed(f"http_{code}", f"HTTP status {code}")
-                declared = response.headers.get("Content-Length", "")
-                encoded = response.headers.get("Content-Encoding", "identity") != "identity"
-                if not encoded and declared.isdigit() and int(declared) > self.max_body_bytes:
-                    raise self._too_large()
-                try:
-                    return read_bounded(response.raw, self.max_body_bytes, deadline)
-                except BodyTooLarge:
-                    raise self._too_large() from None
-                except BodyTimedOut:
-                    raise _ScrapeFailed(
-                        "timeout", f"body not complete within {self.timeout_seconds:g}s"
-                    ) from None
+            self._local.session = session
+            with self._lock:
+                self._sessions.append(session)
+        return session
+
+    def _download(self, url: str, deadline: float) -> bytes:
+        response = self._session().get(
+            url,
+            headers={
+                # Plain text format: prometheus_client's text parser is what we run.
+                "Accept": "text/plain;version=0.0.4;q=1.0, */*;q=0.1",
+                "Accept-Encoding": "gzip",
+                "User-Agent": f"gpuledger/{__version__}",
+            },
+            timeout=(self.timeout_seconds, self.timeout_seconds),
+            stream=True,
+            verify=self.verify_tls,
+        )
+        with response:
+            status = response.status_code
+            if status != 200:
+                code = status if 100 <= status <= 599 else 0
+                raise _ScrapeFailed(f"http_{code}", f"HTTP status {code}")
+            declared = response.headers.get("Content-Length", "")
+            encoded = response.headers.get("Content-Encoding", "identity") != "identity"
+            if not encoded and declared.isdigit() and int(declared) > self.max_body_bytes:
+                raise self._too_large()
+            try:
+                return read_bounded(response.raw, self.max_body_bytes, deadline)
+            except BodyTooLarge:
+                raise self._too_large() from None
+            except BodyTimedOut:
+                raise _ScrapeFailed(
+                    "timeout", f"body not complete within {self.timeout_seconds:g}s"
+                ) from None
 
     def _too_large(self) -> _ScrapeFailed:
         return _ScrapeFailed("too_large", f"body larger than {self.max_body_bytes} bytes")
