@@ -204,6 +204,10 @@ _prefetched = threading.local()
 HEAD_TIMEOUT_SECONDS = 5.0
 MAX_HEAD_BYTES = 16 * 1024
 MAX_WAITING_CONNECTIONS = 1024
+_ALIVE = (
+    b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 3\r\nConnection: close\r\n\r\nok\n"
+)
 _BUSY = (
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 18\r\nConnection: close\r\n\r\ntoo many requests\n"
@@ -286,7 +290,12 @@ class GatedHTTPServer(HTTPServer):
             del waiting[sock]
             sock.setblocking(True)
             sock.settimeout(10)
-            if self._slots.acquire(blocking=False):
+            if head.startswith((b"GET /healthz ", b"GET /healthz?")):
+                # Liveness never waits for a worker: stuck scrapes must not get us killed.
+                with contextlib.suppress(OSError):
+                    sock.sendall(_ALIVE)
+                self.shutdown_request(sock)
+            elif self._slots.acquire(blocking=False):
                 self._workers.submit(self._work, sock, address, bytes(head))
             else:
                 with contextlib.suppress(OSError):
