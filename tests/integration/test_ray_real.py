@@ -182,8 +182,13 @@ def _settled(snap: RaySnapshot) -> bool:
         gpu_actor_counts(snap).get(("GpuWorker", "ALIVE")) == 2.0
         and {("infeasible", "INFEASIBLE"), ("waiting", "NO_RESOURCES")} <= states
         and len(snap.actors) == 5
-        # cluster_status is written by the autoscaler monitor every few seconds.
+        # cluster_status is written by the autoscaler monitor every few seconds, and one
+        # report may carry the GPU actors before the CPU group's bundle: wait for both.
         and all(n.gpus_available == 0.0 for n in snap.nodes)
+        and all(
+            n.resources_available is not None and n.resources_available.get("CPU") == 3.0
+            for n in snap.nodes
+        )
     )
 
 
