@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from gpuledger.collector import Published
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.ledger.ray import RayCluster, build_ray_cluster
-from gpuledger.model import NvmlSnapshot, ProcSnapshot, SourceStatus
+from gpuledger.model import SourceStatus
 from gpuledger.sources import nvml, procfs
 from gpuledger.sources import podresources as podres
 from gpuledger.sources.base import DISABLED, SourceRunner, Started
@@ -62,7 +62,6 @@ class PipelineConfig:
     ray_token: str | None = field(default=None, repr=False)  # never printed
     # Cluster mode: the (namespace, workload) Ray's pending work is attributed to.
     ray_workload: tuple[str, str] = ("", "ray")
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def vllm_targets(pods: Sequence[PodInfo], static: Sequence[str]) -> tuple[EngineTarget, ...]:
@@ -356,4 +355,4 @@ class Pipeline:
                 log.debug("close failed", exc_info=True)
 
 
-__all__ = ["NvmlSnapshot", "Pipeline", "PipelineConfig", "ProcSnapshot", "vllm_targets"]
+__all__ = ["Pipeline", "PipelineConfig", "vllm_targets"]
