@@ -34,6 +34,7 @@ from gpuledger.sources.ray import (
     pending_gpus,
     placement_group_counts,
 )
+from tests.json_shape import same_shape
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ray"
 TOKEN = "test-token-7f3a"
@@ -50,24 +51,6 @@ def shape(value: Any) -> Any:
     if isinstance(value, list):
         return [shape(value[0])] if value else []
     return type(value).__name__
-
-
-def same_shape(got: Any, want: Any, where: str = "$") -> None:
-    """Same keys and JSON types; null matches any type (an unset field in one of them)."""
-    if got is None or want is None:
-        return
-    if isinstance(want, dict):
-        assert isinstance(got, dict), where
-        # Sets: Ray's own resource maps come in varying order from one reply to the next.
-        assert set(got) == set(want), f"{where}: keys differ"
-        for key in want:
-            same_shape(got[key], want[key], f"{where}.{key}")
-    elif isinstance(want, list):
-        assert isinstance(got, list), where
-        if got and want:
-            same_shape(got[0], want[0], f"{where}[0]")
-    else:
-        assert type(got) is type(want), f"{where}: {type(got).__name__} != {type(want).__name__}"
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ from gpuledger.sources.ray import (
     pending_gpus,
     placement_group_counts,
 )
+from tests.json_shape import same_shape
 
 pytestmark = pytest.mark.slow
 
@@ -414,23 +415,6 @@ def _raw(cluster: Cluster, path: str, detail: bool) -> Any:
     return reply.json()
 
 
-def _same_shape(got: Any, want: Any, where: str = "$") -> None:
-    """Same keys (in the same order for rows) and JSON types; null matches anything."""
-    if got is None or want is None:
-        return
-    if isinstance(want, dict):
-        assert isinstance(got, dict), where
-        assert set(got) == set(want), f"{where}: {sorted(set(got) ^ set(want))}"
-        for key in want:
-            _same_shape(got[key], want[key], f"{where}.{key}")
-    elif isinstance(want, list):
-        assert isinstance(got, list), where
-        if got and want:
-            _same_shape(got[0], want[0], f"{where}[0]")
-    else:
-        assert type(got) is type(want), f"{where}: {type(got).__name__} != {type(want).__name__}"
-
-
 def _rows(reply: Any) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = reply["data"]["result"]["result"]
     return rows
@@ -469,7 +453,7 @@ def test_fake_answers_like_the_real_dashboard(cluster: Cluster, detail: bool) ->
             assert list(got["data"]["result"]) == list(real["data"]["result"])
             fake_row = _rows(got)[0]
             assert list(fake_row) == list(real_row), path
-            _same_shape(fake_row, real_row, path)
+            same_shape(fake_row, real_row, path)
         fake_pending = _rows(
             requests.get(fake.url + "/api/v0/actors", params=params, timeout=5).json()
         )[1]
