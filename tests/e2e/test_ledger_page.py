@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
@@ -17,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.e2e.prom_harness import Simulated
 
 ARTIFACTS = REPO / "test-artifacts"
 DEMO = REPO / "exporter" / "gpuledger" / "sim" / "scenarios" / "demo.yaml"
@@ -29,53 +25,11 @@ def _chromium() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Served:
-    def __init__(self, scenario: Path) -> None:
-        self.port = _free_port()
-        env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuledger",
-                "simulate",
-                str(scenario),
-                "--listen",
-                f"127.0.0.1:{self.port}",
-                "--interval",
-                "0.5",
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.base = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(self.base + "/ledger.json", timeout=2) as r:
-                    doc = json.loads(r.read())
-                    if all(s["up"] or s["reason"] == "disabled" for s in doc["sources"]):
-                        break
-            except OSError:
-                pass
-            assert self.proc.poll() is None, self.proc.stderr.read() if self.proc.stderr else ""
-            assert time.monotonic() < deadline, "exporter never served a complete ledger"
-            time.sleep(0.2)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.communicate(timeout=10)
+def served(scenario: Path) -> Simulated:
+    """`gpuledger simulate` serving `scenario`, once its ledger is complete."""
+    sim = Simulated(scenario)
+    sim.wait_ready()
+    return sim
 
 
 def _browse(url: str, screenshot: Path | None = None) -> str:
@@ -144,15 +98,15 @@ class Table(HTMLParser):
 
 @pytest.fixture(scope="module")
 def demo() -> object:
-    served = Served(DEMO)
-    yield served
-    served.close()
+    sim = served(DEMO)
+    yield sim
+    sim.close()
 
 
-def test_demo_page_shows_every_gpu_and_workload(demo: Served) -> None:
+def test_demo_page_shows_every_gpu_and_workload(demo: Simulated) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "ledger-demo.png"
-    dom = _browse(demo.base + "/ledger", shot)
+    dom = _browse(f"http://{demo.target}/ledger", shot)
     assert shot.stat().st_size > 10_000  # a real rendering, kept as a test artifact
     page = Table()
     page.feed(dom)
@@ -169,12 +123,12 @@ def test_demo_page_shows_every_gpu_and_workload(demo: Served) -> None:
 
 
 def test_hostile_values_are_text_not_markup() -> None:
-    served = Served(HOSTILE)
+    sim = served(HOSTILE)
     try:
-        dom = _browse(served.base + "/ledger")
-        json_doc = urllib.request.urlopen(served.base + "/ledger.json", timeout=5).read()
+        dom = _browse(f"http://{sim.target}/ledger")
+        json_doc = urllib.request.urlopen(f"http://{sim.target}/ledger.json", timeout=5).read()
     finally:
-        served.close()
+        sim.close()
     page = Table()
     page.feed(dom)
     # No element the values tried to inject exists in the rendered DOM.
