@@ -21,6 +21,10 @@ Only what an informer needs, with the real wire behaviour:
   (a Content-Length, half the body, then the connection closes), `huge` (200 streaming a
   list body of `huge_bytes`, 65 MiB by default); the last three also end open watches.
   `set_delay` slows every answer.
+* in-cluster wiring (`tls=`, `token=`, `service_account()`): HTTPS with a certificate
+  the client must verify, and `401` unless `Authorization: Bearer <token>` is sent, so
+  the client's in-cluster loader (service host/port, token and CA files) is tested
+  end to end.
 
 Resource versions are one global counter, as etcd's are: `expire_history()` moves it on
 (writes to other kinds would) and forgets every older version.
@@ -32,14 +36,17 @@ import base64
 import bisect
 import contextlib
 import copy
+import hmac
+import ipaddress
 import json
 import socket
+import ssl
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -53,6 +60,7 @@ __all__ = [
     "Fault",
     "make_pod",
     "pod_scheduled_false",
+    "self_signed_certificate",
 ]
 
 Fault = Literal[
@@ -92,6 +100,51 @@ _OWNER_API = {
 def _now_rfc3339(at: float | None = None) -> str:
     moment = datetime.fromtimestamp(time.time() if at is None else at, tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _bearer_matches(header: str, token: str) -> bool:
+    scheme, _, value = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), token)
+
+
+def self_signed_certificate(directory: str | Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 (and its key) in `directory`, for `tls=`.
+    Needs `cryptography`: a test dependency, imported here so the exporter never does."""
+    from cryptography import x509  # noqa: PLC0415
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import NameOID  # noqa: PLC0415
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake-apiserver")])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    cert_file, key_file = target / "apiserver.crt", target / "apiserver.key"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -326,7 +379,11 @@ class FakeApiServer:
         bookmark_interval: float = 1.0,
         default_watch_timeout: float = 60.0,
         history_limit: int = 10_000,
+        tls: tuple[Path, Path] | None = None,
+        token: str | None = None,
     ) -> None:
+        self.tls = tls  # (certificate, key) PEM files: serve HTTPS
+        self.token = token  # require this bearer token
         self.bookmark_interval = bookmark_interval
         self.default_watch_timeout = default_watch_timeout
         self.history_limit = history_limit
@@ -372,11 +429,15 @@ class FakeApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self._port}"
 
     def _listen(self) -> None:
         server = _Server(("127.0.0.1", self._port), _handler_class(self))
         self._port = server.server_address[1]
+        if self.tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*self.tls)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
         self._httpd = server
         self._serve_thread = threading.Thread(
             target=server.serve_forever,
@@ -414,6 +475,17 @@ class FakeApiServer:
         }
         target.write_text(yaml.safe_dump(config))
         return target
+
+    def service_account(self, directory: str | Path) -> dict[str, str]:
+        """Write what the kubelet mounts in a pod (`token`, `ca.crt`) into `directory`;
+        returns the environment variables a pod gets for the API service."""
+        if self.tls is None or self.token is None:
+            raise ValueError("in-cluster wiring needs a server started with tls= and token=")
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "token").write_text(self.token)
+        (target / "ca.crt").write_bytes(Path(self.tls[0]).read_bytes())
+        return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.port)}
 
     def api_client(self) -> Any:
         """A `kubernetes.client.ApiClient` for this server (no retries inside urllib3)."""
@@ -519,6 +591,11 @@ class FakeApiServer:
         self._wait_while_hung()
         if self._delay:
             time.sleep(self._delay)
+        if self.token is not None and not _bearer_matches(
+            handler.headers.get("Authorization", ""), self.token
+        ):
+            handler.send_json(401, _status(401, "Unauthorized", "Unauthorized"))
+            return
         with self._cond:
             fault = self._fault
         if fault in _FAULT_STATUS:

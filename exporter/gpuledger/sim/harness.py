@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -16,7 +17,12 @@ from typing import Any
 
 from gpuledger.document import ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
+from gpuledger.sim.fake_apiserver import (
+    FakeApiServer,
+    make_pod,
+    pod_scheduled_false,
+    self_signed_certificate,
+)
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sim.fake_nvml import (
     STATE_ENV,
@@ -183,8 +189,15 @@ def fake_engines(sim: SimVllm) -> list[FakeEngine]:
 class SimulatedNode:
     """A scenario's simulated sources, living in a work directory until closed."""
 
-    def __init__(self, scenario: Scenario, workdir: Path | None = None) -> None:
+    def __init__(
+        self, scenario: Scenario, workdir: Path | None = None, *, in_cluster: bool = False
+    ) -> None:
+        """`in_cluster`: the API server speaks HTTPS and wants a bearer token, and
+        `service_account_dir`/`service_env` hold what a pod gets (needs `cryptography`)."""
         self.scenario = scenario
+        self.in_cluster = in_cluster
+        self.service_account_dir: Path | None = None
+        self.service_env: dict[str, str] = {}
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuledger-sim-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -218,7 +231,12 @@ class SimulatedNode:
                 host=f"127.77.{i // 250}.{i % 250 + 1}",
             )
             self.engines[sim.key] = server.start()
-        if scenario.pods is not None:
+        if scenario.pods is not None and self.in_cluster:
+            tls = self_signed_certificate(self.workdir / "tls")
+            self.apiserver = FakeApiServer(tls=tls, token=secrets.token_urlsafe(24)).start()
+            self.service_account_dir = self.workdir / "serviceaccount"
+            self.service_env = self.apiserver.service_account(self.service_account_dir)
+        elif scenario.pods is not None:
             self.apiserver = FakeApiServer().start()
             self.kubeconfig = self.apiserver.kubeconfig(self.workdir / "kubeconfig")
         if scenario.ray is not None:
@@ -333,7 +351,8 @@ class SimulatedNode:
             source_deadline_seconds=deadline_seconds,
             podresources_socket=socket,
             kubernetes=self.apiserver is not None,
-            kubeconfig=str(self.kubeconfig) if self.apiserver is not None else None,
+            # In cluster: none, the exporter reads the service account (see service_env).
+            kubeconfig=None if self.apiserver is None or self.in_cluster else str(self.kubeconfig),
             vllm_targets=tuple(
                 self.engines[v.key].url for v in self.scenario.vllm if v.pod is None
             ),

@@ -27,6 +27,7 @@ headers, tokens or response bodies.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -38,11 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import kubernetes.client
-import kubernetes.config
-import kubernetes.watch
 import urllib3.exceptions
-from kubernetes.client.exceptions import ApiException
 
 from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.identity.scheduling import (
@@ -53,7 +50,9 @@ from gpuledger.identity.scheduling import (
     workload_of,
 )
 from gpuledger.model import frozen_map
+from gpuledger.sources import kubeapi
 from gpuledger.sources.base import SourceError
+from gpuledger.sources.kubeapi import ApiException
 
 __all__ = [
     "SOURCE",
@@ -329,6 +328,7 @@ class PodInformer:
         *,
         node_name: str | None = None,
         kubeconfig: str | None = None,
+        service_account_dir: str = kubeapi.SERVICE_ACCOUNT_DIR,
         api_client: Any = None,
         gpu_resources: Sequence[str] = DEFAULT_GPU_RESOURCES,
         pending_gpu_only: bool = False,
@@ -349,6 +349,7 @@ class PodInformer:
         # Cluster mode only: skip pending pods that ask for no GPU (memory, cardinality).
         self.pending_gpu_only = pending_gpu_only
         self._kubeconfig = kubeconfig
+        self._service_account_dir = service_account_dir
         self._given_client = api_client
         self._watch_timeout = max(1, int(watch_timeout_seconds))
         self._request_timeout = request_timeout_seconds
@@ -376,7 +377,6 @@ class PodInformer:
         self._thread: threading.Thread | None = None
         self._watch: Any = None  # the running kubernetes.watch.Watch, for stop()
         self._client: Any = None
-        self._core: Any = None
         self._host = "(not configured)"
         self._resource_version: str | None = None
 
@@ -472,7 +472,7 @@ class PodInformer:
         while not self._stop.is_set():
             watching = False
             try:
-                if self._core is None:
+                if self._client is None:
                     self._connect()
                 if need_list:
                     self._list()
@@ -525,19 +525,12 @@ class PodInformer:
         if self._given_client is not None:
             client = self._given_client
         else:
-            configuration = kubernetes.client.Configuration()
             try:
                 if self._kubeconfig:
-                    # kubernetes ships py.typed, but its config loaders and Watch are
-                    # unannotated: hence the ignores on those calls.
-                    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                        config_file=self._kubeconfig, client_configuration=configuration
-                    )
+                    configuration = kubeapi.kubeconfig_configuration(self._kubeconfig)
                 else:
-                    kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                        client_configuration=configuration
-                    )
-            except kubernetes.config.ConfigException as exc:
+                    configuration = kubeapi.incluster_configuration(self._service_account_dir)
+            except kubeapi.ConfigException as exc:
                 where = f"kubeconfig {self._kubeconfig!r}" if self._kubeconfig else "in-cluster"
                 # The loader's own words ("Service host/port is not set."), one bounded line.
                 detail = (str(exc).splitlines() or [""])[0][:160]
@@ -545,17 +538,17 @@ class PodInformer:
                     "config", f"cannot load the {where} Kubernetes configuration: {detail}"
                 ) from None
             except Exception as exc:  # unreadable or malformed file
+                where = f"kubeconfig {self._kubeconfig!r}" if self._kubeconfig else "in-cluster"
                 raise SourceError(
                     "config",
-                    f"cannot load kubeconfig {self._kubeconfig!r}: {type(exc).__name__}",
+                    f"cannot load the {where} Kubernetes configuration: {type(exc).__name__}",
                 ) from None
             # The informer retries with its own backoff; urllib3's silent retries would
             # multiply every timeout.
             configuration.retries = 0
-            client = kubernetes.client.ApiClient(configuration)
+            client = kubeapi.api_client(configuration)
         self._client = client
         self._host = str(getattr(client.configuration, "host", "") or "(unknown host)")
-        self._core = kubernetes.client.CoreV1Api(client)
 
     def _list_versions(self, consistent: bool) -> dict[str, str]:
         """resourceVersion arguments of a list's first page, as client-go's reflector
@@ -580,11 +573,11 @@ class PodInformer:
             # Continue pages must not repeat the resourceVersion: the token carries it.
             versions = {"_continue": token} if token else self._list_versions(consistent)
             try:
-                response = self._core.list_pod_for_all_namespaces(
+                # Raw JSON: the client's model deserialisation costs ~1 ms a pod.
+                response = kubeapi.list_pods(
+                    self._client,
                     field_selector=self.field_selector,
                     limit=self._page_size,
-                    # Raw JSON: the client's model deserialisation costs ~1 ms a pod.
-                    _preload_content=False,
                     _request_timeout=(self._request_timeout, self._request_timeout),
                     **versions,
                 )
@@ -663,8 +656,7 @@ class PodInformer:
     def _watch_once(self) -> bool:
         """One watch request until the server ends it. True if it delivered events or
         ran its course; False if it ended at once with nothing (a suspicious server)."""
-        # return_type "object": events stay plain dicts (no model deserialisation).
-        watch = kubernetes.watch.Watch(return_type="object")  # type: ignore[no-untyped-call]
+        watch = kubeapi.new_watch()
         self._watch = watch
         started = time.monotonic()
         delivered = 0
@@ -673,8 +665,8 @@ class PodInformer:
         try:
             if self._stop.is_set():
                 return True
-            stream = watch.stream(  # type: ignore[no-untyped-call]
-                self._core.list_pod_for_all_namespaces,
+            stream = watch.stream(
+                functools.partial(kubeapi.list_pods, self._client),
                 field_selector=self.field_selector,
                 resource_version=self._resource_version,
                 allow_watch_bookmarks=True,
