@@ -27,7 +27,7 @@ from gpuledger.sources.base import DISABLED, SourceRunner, Started
 from gpuledger.sources.kubernetes import SOURCE as KUBERNETES
 from gpuledger.sources.kubernetes import PodInfo, PodInformer, PodsSnapshot
 from gpuledger.sources.ray import SOURCE as RAY
-from gpuledger.sources.ray import RayNode, RaySnapshot, RayStateClient, node_for_pod
+from gpuledger.sources.ray import RayNode, RaySnapshot, RayStateClient
 from gpuledger.sources.vllm import SOURCE as VLLM
 from gpuledger.sources.vllm import EngineTarget, VllmScraper, VllmSnapshot
 
@@ -100,15 +100,24 @@ def local_ray_nodes(
 ) -> list[tuple[RayNode, PodInfo | None]]:
     """The Ray nodes that run here: pods on this node (by IP, else name), or, outside
     Kubernetes, the node with this host's name (or the only node)."""
+    alive = [n for n in nodes if n.state == "ALIVE"]
     if pods is not None:
+        # node_for_pod's rule (IP first, then name; first live node wins), indexed once
+        # instead of scanning every Ray node for every pod.
+        by_ip: dict[str, RayNode] = {}
+        by_name: dict[str, RayNode] = {}
+        for node in alive:
+            if node.node_ip:
+                by_ip.setdefault(node.node_ip, node)
+            if node.hostname:
+                by_name.setdefault(node.hostname, node)
         found: list[tuple[RayNode, PodInfo | None]] = []
         for pod in pods:
             if pod.phase == "Running" and pod.pod_ip:
-                node = node_for_pod(nodes, pod.pod_ip, pod.name)
-                if node is not None:
-                    found.append((node, pod))
+                match = by_ip.get(pod.pod_ip) or by_name.get(pod.name)
+                if match is not None:
+                    found.append((match, pod))
         return found
-    alive = [n for n in nodes if n.state == "ALIVE"]
     here = socket.gethostname()
     mine = [n for n in alive if n.hostname == here]
     return [(n, None) for n in (mine or (alive if len(alive) == 1 else []))]
@@ -123,6 +132,8 @@ def fetch_local_ray(client: RayStateClient, pods: Sequence[PodInfo] | None) -> L
         return [node.node_id for node, _ in chosen]
 
     snapshot = client.fetch_local(select)
+    # The snapshot's copies of the chosen nodes carry their availability.
+    by_id = {node.node_id: node for node in snapshot.nodes}
     return tuple(
         (
             RaySnapshot(
@@ -130,7 +141,7 @@ def fetch_local_ray(client: RayStateClient, pods: Sequence[PodInfo] | None) -> L
                 actors=tuple(a for a in snapshot.actors if a.node_id == node.node_id),
                 warnings=snapshot.warnings,
             ),
-            node,
+            by_id.get(node.node_id, node),
             pod,
         )
         for node, pod in chosen

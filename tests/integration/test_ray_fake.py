@@ -197,6 +197,37 @@ def test_fetch_cluster(dash: FakeRayDashboard) -> None:
     assert by_name["pending"].pid is None
 
 
+def test_fetch_local_fills_in_only_the_picked_node_and_sees_table_changes(
+    dash: FakeRayDashboard,
+) -> None:
+    populate(dash)
+    client = RayStateClient(dash.url)
+    offered: list[tuple[str, ...]] = []
+
+    def pick_worker(nodes: tuple[Any, ...]) -> list[str]:
+        offered.append(tuple(n.hostname for n in nodes))
+        return [WORKER["node_id"]]
+
+    snap = client.fetch_local(pick_worker)
+    by_id = {n.node_id: n for n in snap.nodes}
+    assert by_id[WORKER["node_id"]].gpus_available == 1.0  # one bundle reserved
+    assert by_id[HEAD["node_id"]].gpus_available is None  # not this node's to report
+    assert {a.name for a in snap.actors} == {"in-group"}
+    # The node table is cached on its bytes: the same answer twice parses once, and a
+    # changed table (a node replaced) is seen on the very next fetch.
+    again = client.fetch_local(pick_worker)
+    assert again.nodes == snap.nodes
+    replacement = node_entry("10.0.0.7", gpus=8, cpus=8, node_name="raycluster-gpu-worker-new")
+    dash.set_nodes([HEAD, replacement])
+    changed = client.fetch_local(pick_worker)
+    assert [n.hostname for n in changed.nodes] == [
+        "raycluster-head-x7k2p",
+        "raycluster-gpu-worker-new",
+    ]
+    assert offered[-1] == ("raycluster-head-x7k2p", "raycluster-gpu-worker-new")
+    client.close()
+
+
 def test_requests_carry_detail_limit_and_filters(dash: FakeRayDashboard) -> None:
     populate(dash)
     RayStateClient(dash.url, timeout_seconds=2.5, limit=500).fetch_cluster(node_id="abc")

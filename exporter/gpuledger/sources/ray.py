@@ -28,7 +28,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -397,8 +397,11 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def usage_by_node(payload: Any) -> Mapping[str, Mapping[str, tuple[float, float]]]:
-    """node key -> camel-cased resource -> (used, total), from /api/cluster_status."""
+def usage_by_node(
+    payload: Any, keys: Collection[str] | None = None
+) -> Mapping[str, Mapping[str, tuple[float, float]]]:
+    """node key -> camel-cased resource -> (used, total), from /api/cluster_status;
+    only for the node keys (ids or IPs) in `keys` when given."""
     data = _envelope_data(payload, "cluster_status")
     status = data.get("clusterStatus")
     report = status.get("loadMetricsReport") if isinstance(status, Mapping) else None
@@ -408,6 +411,8 @@ def usage_by_node(payload: Any) -> Mapping[str, Mapping[str, tuple[float, float]
     out: dict[str, Mapping[str, tuple[float, float]]] = {}
     for key, usage in by_node.items():
         if not isinstance(key, str) or not isinstance(usage, Mapping):
+            continue
+        if keys is not None and key not in keys:
             continue
         pairs: dict[str, tuple[float, float]] = {}
         for resource, pair in usage.items():
@@ -545,6 +550,7 @@ class RayStateClient:
         # No proxies or ~/.netrc from the environment: the dashboard is in-cluster, and a
         # netrc entry would silently replace the Authorization header.
         self._session.trust_env = False
+        self._nodes_memo: tuple[bytes, tuple[tuple[RayNode, ...], tuple[str, ...]]] | None = None
 
     def __repr__(self) -> str:
         return f"RayStateClient({safe_url(self.base_url)!r})"
@@ -571,15 +577,19 @@ class RayStateClient:
         return self._placement_groups([])[0]
 
     def fetch_local(self, select: Callable[[tuple[RayNode, ...]], Sequence[str]]) -> RaySnapshot:
-        """Node mode: all nodes (with availability) once, then the live actors of only the
-        nodes `select` picks from them (the Ray nodes that run on this machine)."""
+        """Node mode: all nodes once, then the live actors of only the nodes `select` picks
+        from them (the Ray nodes that run on this machine). Only the picked nodes get their
+        availability filled in: the others are not this node's to report."""
         nodes, warnings = self._nodes()
-        usage, usage_warnings = self._usage()
-        if usage is not None:
-            nodes = tuple(with_available(n, usage) for n in nodes)
+        picked = list(dict.fromkeys(select(nodes)))
+        wanted = set(picked)
+        keys = {k for n in nodes if n.node_id in wanted for k in (n.node_id, n.node_ip) if k}
+        usage, usage_warnings = self._usage(keys)
+        if usage is not None and picked:
+            nodes = tuple(with_available(n, usage) if n.node_id in wanted else n for n in nodes)
         actors: list[RayActor] = []
         actor_warnings: list[str] = []
-        for node_id in select(nodes):
+        for node_id in picked:
             found, more = self._actors([("state", "!=", "DEAD"), ("node_id", "=", node_id)])
             actors.extend(found)
             actor_warnings.extend(more)
@@ -619,9 +629,16 @@ class RayStateClient:
 
     def _nodes(self) -> tuple[tuple[RayNode, ...], tuple[str, ...]]:
         # Nodes need no detail: detail only adds start/end times.
-        rows, warnings = list_rows(self._get("/api/v0/nodes", self._list_params([])), "nodes")
+        body, status, where = self._get_body("/api/v0/nodes", self._list_params([]))
+        # The node table rarely changes between cycles: the same bytes parse the same.
+        memo = self._nodes_memo
+        if memo is not None and status == 200 and memo[0] == body:
+            return memo[1]
+        rows, warnings = list_rows(self._decode(body, status, where), "nodes")
         nodes, skipped = _parse_all(rows, parse_node, "nodes")
-        return nodes, warnings + skipped
+        result = (nodes, warnings + skipped)
+        self._nodes_memo = (body, result) if status == 200 else None
+        return result
 
     def _actors(
         self, filters: Sequence[tuple[str, str, str]]
@@ -644,11 +661,11 @@ class RayStateClient:
         return groups, warnings + skipped
 
     def _usage(
-        self,
+        self, keys: Collection[str] | None = None
     ) -> tuple[Mapping[str, Mapping[str, tuple[float, float]]] | None, tuple[str, ...]]:
         """Per-node usage, or None with a warning: availability is optional."""
         try:
-            return usage_by_node(self._get("/api/cluster_status", [])), ()
+            return usage_by_node(self._get("/api/cluster_status", []), keys), ()
         except SourceError as exc:
             if exc.reason == "unauthorized":
                 raise
@@ -675,6 +692,10 @@ class RayStateClient:
     # ---- HTTP
 
     def _get(self, path: str, params: list[tuple[str, str]]) -> Any:
+        return self._decode(*self._get_body(path, params))
+
+    def _get_body(self, path: str, params: list[tuple[str, str]]) -> tuple[bytes, int, str]:
+        """The raw answer: (body, HTTP status, the URL fit for messages)."""
         url = self.base_url + path
         where = safe_url(url)
         deadline = time.monotonic() + self.timeout_seconds
@@ -700,6 +721,9 @@ class RayStateClient:
             except urllib3.exceptions.HTTPError as exc:
                 # Read straight from urllib3 (gpuledger.bounded): its errors are not wrapped.
                 raise self._body_error(exc, where) from None
+        return body, status, where
+
+    def _decode(self, body: bytes, status: int, where: str) -> Any:
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
