@@ -329,6 +329,7 @@ def build_ledger(
     usage_count: dict[tuple[ContainerRef, str], int] = defaultdict(int)
     unattributed: dict[str, int] = defaultdict(int)
     views: list[ProcessView] = []
+    device_memo: dict[tuple[ContainerRef | None, str | None, str | None], tuple[str, ...]] = {}
     for pid in sorted(set(memory_by_pid) | set(process_table)):
         found = process_table.get(pid)
         ref = refs.get(pid)
@@ -349,7 +350,7 @@ def build_ledger(
                 title=found.title if found else "",
                 container=ref,
                 gpu_memory=held,
-                cuda_devices=_cuda_devices(found, ref, maps, host, process_table),
+                cuda_devices=_cuda_devices(found, ref, maps, host, process_table, memo=device_memo),
             )
         )
 
@@ -425,7 +426,11 @@ def _cuda_devices(
     maps: Mapping[ContainerRef, tuple[tuple[HostGpu, ...], str]],
     host: Sequence[HostGpu],
     procs: Mapping[int, ProcessInfo],
+    *,
+    memo: dict[tuple[ContainerRef | None, str | None, str | None], tuple[str, ...]],
 ) -> tuple[str, ...] | None:
+    """The GPU UUIDs a process sees, by CUDA ordinal. `memo` holds answers for one
+    ledger: the processes of a container mostly share one environment."""
     if info is None:
         return None
     if ref is None:
@@ -437,14 +442,14 @@ def _cuda_devices(
     environ = _device_environ(info, procs)
     if environ is None:
         return None
-    mapped = container_device_map(
-        None,
-        environ.get("CUDA_VISIBLE_DEVICES"),
-        environ.get("CUDA_DEVICE_ORDER"),
-        visible,
-        allocated_uuids=[g.uuid for g in visible],
-    )
-    return tuple(g.uuid for g in mapped)
+    key = (ref, environ.get("CUDA_VISIBLE_DEVICES"), environ.get("CUDA_DEVICE_ORDER"))
+    found = memo.get(key)
+    if found is None:
+        mapped = container_device_map(
+            None, key[1], key[2], visible, allocated_uuids=[g.uuid for g in visible]
+        )
+        found = memo[key] = tuple(g.uuid for g in mapped)
+    return found
 
 
 # Processes that rename themselves with setproctitle: it reuses the memory of the
