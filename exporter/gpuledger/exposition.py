@@ -1,0 +1,140 @@
+"""Prometheus text format 0.0.4, byte for byte what prometheus_client's generate_latest writes.
+
+generate_latest validates and escapes every label name and value of every sample through
+several Python calls and `str.format`. For gauge and counter families with legacy names
+(all that collector.py builds) a metric name needs checking once per family, a set of label
+names once per process, and a label value needs escaping only when it holds a backslash,
+newline or double quote. Anything else is rendered by generate_latest itself, one family
+at a time, so the output never differs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from operator import itemgetter
+
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+# Legacy names, which generate_latest writes as they are. Anything else (even a name its
+# looser check would pass, such as one ending in a newline) takes the fallback path.
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+# Untyped upstream; the exact value text generate_latest writes (+Inf, 1e+06, ...).
+_float_text: Callable[[float], str] = floatToGoString
+
+# Families whose text-format name and TYPE differ from Metric.name/.type only by this.
+_FAST_TYPES = {"gauge": "", "counter": "_total"}
+
+# (label part of a sample line as a %-template, getter of the label values in name order).
+_Plan = tuple[str, Callable[[dict[str, str]], tuple[str, ...]]]
+
+
+class _Fallback(Exception):
+    """The family needs generate_latest's general path."""
+
+
+class _One(Collector):
+    def __init__(self, metric: Metric) -> None:
+        self._metric = metric
+
+    def collect(self) -> Iterable[Metric]:
+        return [self._metric]
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+# Label sets repeat across families and cycles; validating and sorting them is a fifth of
+# the work. Bounded, since keys come from callers; a lost race only recomputes an entry.
+_PLANS: dict[tuple[str, ...], _Plan] = {}
+_MAX_PLANS = 4096
+
+
+def _plan(keys: tuple[str, ...]) -> _Plan:
+    """How to write the labels of samples whose label dict has exactly these keys."""
+    plan = _PLANS.get(keys)
+    if plan is None:
+        plan = _new_plan(keys)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[keys] = plan
+    return plan
+
+
+def _new_plan(keys: tuple[str, ...]) -> _Plan:
+    for key in keys:
+        if _LABEL_NAME.fullmatch(key) is None:
+            raise _Fallback  # generate_latest would escape the name
+    ordered = sorted(keys)
+    # Names are legacy (no '%'), so only the values are substituted.
+    template = "{" + ",".join(f'{k}="%s"' for k in ordered) + "} "
+    if len(ordered) == 1:
+        (only,) = ordered
+        return template, lambda labels: (labels[only],)
+    getter: Callable[[dict[str, str]], tuple[str, ...]] = itemgetter(*ordered)
+    return template, getter
+
+
+def _family(metric: Metric, out: list[str], int_text: dict[int, str]) -> None:
+    """Append the text of one gauge or counter family; raises when it must fall back."""
+    suffix = _FAST_TYPES.get(metric.type)
+    if suffix is None:
+        raise _Fallback
+    name = metric.name + suffix
+    if _METRIC_NAME.fullmatch(name) is None:
+        raise _Fallback
+    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    lines = [f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"]
+    bare = name + " "
+    plans: dict[tuple[str, ...], _Plan] = {}  # the templates here start with the name
+    for sample_name, labels, value, timestamp, exemplar, native in metric.samples:
+        # Another name (_created, _gsum, ...) goes to a separate family in generate_latest;
+        # exemplars and native histograms are rare enough to leave to it as well.
+        if sample_name != name or exemplar is not None or native is not None:
+            raise _Fallback
+        if labels:
+            keys = tuple(labels)
+            plan = plans.get(keys)
+            if plan is None:
+                template, getter = _plan(keys)
+                plan = plans[keys] = (name + template, getter)
+            template, getter = plan
+            values = getter(labels)
+            joined = "".join(values)  # one scan instead of three per value; TypeError if not str
+            if "\\" in joined or "\n" in joined or '"' in joined:
+                values = tuple(_escape(v) for v in values)
+            head = template % values
+        else:
+            head = bare
+        # Integer values repeat (0, 1, GPU counts, memory sizes); floats (-0.0, NaN) are
+        # not safe dict keys for their text.
+        if type(value) is int:
+            text = int_text.get(value)
+            if text is None:
+                text = int_text[value] = _float_text(value)
+        else:
+            text = _float_text(value)
+        if timestamp is None:
+            lines.append(head + text + "\n")
+        else:
+            lines.append(f"{head}{text} {int(float(timestamp) * 1000):d}\n")
+    out.extend(lines)
+
+
+def render_text(metrics: Iterable[Metric]) -> bytes:
+    """The text exposition of `metrics`, equal to generate_latest of a registry yielding them."""
+    out: list[str] = []
+    int_text: dict[int, str] = {}
+    for metric in metrics:
+        try:
+            _family(metric, out, int_text)
+        except Exception:
+            # Includes malformed families: generate_latest renders them or raises its own error.
+            out.append(generate_latest(_One(metric)).decode("utf-8"))
+    return "".join(out).encode("utf-8")
