@@ -29,7 +29,7 @@ import pynvml
 import requests
 
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter
+from gpuledger.server import Exporter, freeze_startup_objects
 from gpuledger.sim.fake_nvml import STATE_ENV
 from gpuledger.sources.podresources import api_pb2, api_pb2_grpc
 
@@ -128,6 +128,7 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
         pipeline.warm_up(30)
         for _ in range(3):  # warm-up: informer synced, engines known, caches hot
             exporter.run_once()
+        freeze_startup_objects()  # as the collection loop does after its first cycle
         walls, cpus, renders = [], [], []
         per_source: dict[str, list[float]] = {}
         for _ in range(cycles):
