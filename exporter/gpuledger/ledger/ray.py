@@ -70,16 +70,28 @@ class RayCluster:
     pending_gpus: Mapping[str, float]
 
 
-def host_pid(actor: RayActor, pod: PodInfo | None, procs: Mapping[int, ProcessInfo]) -> int | None:
-    """Ray reports PIDs in the pod's PID namespace: find the host PID by NSpid (rule 3)."""
-    if actor.pid is None or actor.pid <= 0:
-        return None
-    for info in procs.values():
-        if pod is not None and info.cgroup.pod_uid != pod.uid:
-            continue
-        if info.nspid and info.nspid[-1] == actor.pid:
-            return info.pid
-    return None
+class HostPids:
+    """Ray reports PIDs in the pod's PID namespace: the host PID by NSpid (rule 3).
+
+    Indexed once per ledger: a scan of every process per actor was quadratic on a dense
+    node. Where several processes match, the first in `procs` order wins, as before.
+    """
+
+    def __init__(self, procs: Mapping[int, ProcessInfo]) -> None:
+        self._in_pod: dict[tuple[str | None, int], int] = {}
+        self._anywhere: dict[int, int] = {}
+        for info in procs.values():
+            if info.nspid:
+                inner = info.nspid[-1]
+                self._in_pod.setdefault((info.cgroup.pod_uid, inner), info.pid)
+                self._anywhere.setdefault(inner, info.pid)
+
+    def of(self, actor: RayActor, pod: PodInfo | None) -> int | None:
+        if actor.pid is None or actor.pid <= 0:
+            return None
+        if pod is None:
+            return self._anywhere.get(actor.pid)
+        return self._in_pod.get((pod.uid, actor.pid))
 
 
 def build_ray_local(
@@ -91,6 +103,7 @@ def build_ray_local(
     nodes: list[RayNodeView] = []
     actor_gpus: list[RayActorGpus] = []
     actor_memory: list[RayActorMemory] = []
+    host_pids = HostPids(procs) if procs is not None else None
     for snapshot, node, pod in snapshots:
         allocated = (
             allocated_by_pod.get(pod.uid, 0) if allocated_by_pod is not None and pod else None
@@ -103,7 +116,7 @@ def build_ray_local(
         for actor in local_actors:
             if actor.state != "ALIVE" or actor.node_id != node.node_id or not actor.num_gpus:
                 continue
-            pid = host_pid(actor, pod, procs) if procs is not None else None
+            pid = host_pids.of(actor, pod) if host_pids is not None else None
             held = memory_by_pid.get(pid, ()) if pid is not None else ()
             for uuid, used in held:
                 memory[(actor.class_name, uuid)] += used or 0
