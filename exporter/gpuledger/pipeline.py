@@ -27,7 +27,7 @@ from gpuledger.sources.base import DISABLED, SourceRunner, Started
 from gpuledger.sources.kubernetes import SOURCE as KUBERNETES
 from gpuledger.sources.kubernetes import PodInfo, PodInformer, PodsSnapshot
 from gpuledger.sources.ray import SOURCE as RAY
-from gpuledger.sources.ray import RayNode, RaySnapshot, RayStateClient
+from gpuledger.sources.ray import RayActor, RayNode, RaySnapshot, RayStateClient
 from gpuledger.sources.vllm import SOURCE as VLLM
 from gpuledger.sources.vllm import EngineTarget, VllmScraper, VllmSnapshot
 
@@ -134,11 +134,14 @@ def fetch_local_ray(client: RayStateClient, pods: Sequence[PodInfo] | None) -> L
     snapshot = client.fetch_local(select)
     # The snapshot's copies of the chosen nodes carry their availability.
     by_id = {node.node_id: node for node in snapshot.nodes}
+    actors_by_node: dict[str | None, list[RayActor]] = {}
+    for actor in snapshot.actors:
+        actors_by_node.setdefault(actor.node_id, []).append(actor)
     return tuple(
         (
             RaySnapshot(
                 nodes=snapshot.nodes,
-                actors=tuple(a for a in snapshot.actors if a.node_id == node.node_id),
+                actors=tuple(actors_by_node.get(node.node_id, ())),
                 warnings=snapshot.warnings,
             ),
             by_id.get(node.node_id, node),
