@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from gpuledger import __version__
+from gpuledger.exposition import Family
 from gpuledger.ledger import ContainerRef, Ledger
 from gpuledger.sources.kubernetes import PodInfo
 
@@ -45,11 +46,11 @@ def _pod_values(pod: PodInfo) -> list[str]:
     return [pod.namespace, pod.name, pod.uid, pod.workload]
 
 
-def _gauge(name: str, doc: str, labels: list[str], unit: str = "") -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=["node", *labels], unit=unit)
+def _gauge(name: str, doc: str, labels: list[str]) -> Family:
+    return Family(name, doc, ["node", *labels], "gauge")
 
 
-def gpu_families(ledger: Ledger) -> Iterator[Metric]:
+def gpu_families(ledger: Ledger) -> Iterator[Family]:
     node = ledger.node
     info = _gauge(
         "gpuledger_gpu_info",
@@ -76,7 +77,7 @@ def gpu_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (info, up, total, used, util)
 
 
-def container_families(ledger: Ledger) -> Iterator[Metric]:
+def container_families(ledger: Ledger) -> Iterator[Family]:
     node = ledger.node
     labels = ["gpu_uuid", *CONTAINER_LABELS]
     memory = _gauge(
@@ -119,7 +120,7 @@ def container_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (memory, count, unattributed, devices)
 
 
-def kubernetes_families(ledger: Ledger) -> Iterator[Metric]:
+def kubernetes_families(ledger: Ledger) -> Iterator[Family]:
     node = ledger.node
     allocation = _gauge(
         "gpuledger_gpu_allocation_info",
@@ -156,7 +157,7 @@ def kubernetes_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (allocation, unused, unallocated, starting)
 
 
-def pending_families(ledger: Ledger) -> Iterator[Metric]:
+def pending_families(ledger: Ledger) -> Iterator[Family]:
     node = ledger.node
     placement = _gauge(
         "gpuledger_pod_pending_placement",
@@ -178,7 +179,7 @@ def pending_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (placement, gpus, since)
 
 
-def engine_families(ledger: Ledger) -> Iterator[Metric]:
+def engine_families(ledger: Ledger) -> Iterator[Family]:
     node = ledger.node
     up = _gauge(
         "gpuledger_engine_up", "1 if the last scrape of this vLLM engine succeeded.", ENGINE_LABELS
@@ -198,10 +199,11 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
         "Fraction of KV-cache blocks in use, 0-1.",
         ENGINE_LABELS,
     )
-    preemptions = CounterMetricFamily(
+    preemptions = Family(
         "gpuledger_engine_preemptions",
         "Requests the engine preempted (vllm:num_preemptions_total).",
-        labels=["node", *ENGINE_LABELS],
+        ["node", *ENGINE_LABELS],
+        "counter",
     )
     config = _gauge(
         "gpuledger_engine_config_info",
@@ -251,7 +253,7 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (up, requests, by_reason, kv, preemptions, config, gpu, gpus, max_seqs)
 
 
-def ray_families(ledger: Ledger) -> Iterator[Metric]:
+def ray_families(ledger: Ledger) -> Iterator[Family]:
     node = ledger.node
     nodes = _gauge(
         "gpuledger_ray_node_gpus",
@@ -295,7 +297,7 @@ def ray_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (nodes, actors, without, memory)
 
 
-def ray_cluster_families(ledger: Ledger) -> Iterator[Metric]:
+def ray_cluster_families(ledger: Ledger) -> Iterator[Family]:
     node = ledger.node
     groups = _gauge(
         "gpuledger_ray_placement_groups",
@@ -326,7 +328,7 @@ def _workload(pod: PodInfo | None) -> str:
     return pod.workload if pod is not None else ""
 
 
-def self_families(published: Published, now: float) -> Iterator[Metric]:
+def self_families(published: Published, now: float) -> Iterator[Family]:
     ledger = published.ledger
     node = ledger.node
     up = _gauge("gpuledger_source_up", "1 if the source's last fetch succeeded.", ["source"])
@@ -336,10 +338,11 @@ def self_families(published: Published, now: float) -> Iterator[Metric]:
     for status in ledger.sources:
         up.add_metric([node, status.source], 1 if status.up else 0)
         duration.add_metric([node, status.source], status.duration_seconds)
-    errors = CounterMetricFamily(
+    errors = Family(
         "gpuledger_source_errors",
         "Failed fetches by source and reason since the exporter started.",
-        labels=["node", "source", "reason"],
+        ["node", "source", "reason"],
+        "counter",
     )
     for (source, reason), value in sorted(published.errors_total.items()):
         errors.add_metric([node, source, reason], value)
@@ -355,7 +358,7 @@ def self_families(published: Published, now: float) -> Iterator[Metric]:
     yield from (up, duration, errors, last, build)
 
 
-def age_family(published: Published, now: float) -> Metric:
+def age_family(published: Published, now: float) -> Family:
     """The one series that changes between scrapes of the same snapshot."""
     age = _gauge(
         "gpuledger_snapshot_age_seconds",
@@ -366,7 +369,7 @@ def age_family(published: Published, now: float) -> Metric:
     return age
 
 
-def snapshot_families(published: Published, now: float) -> Iterator[Metric]:
+def snapshot_families(published: Published, now: float) -> Iterator[Family]:
     """Everything derived from one snapshot alone (rendered once per cycle)."""
     ledger = published.ledger
     if ledger.mode == "node":
@@ -382,7 +385,8 @@ def snapshot_families(published: Published, now: float) -> Iterator[Metric]:
 
 
 class LedgerCollector(Collector):
-    """Renders whatever `current()` returns: (latest state or None, now).
+    """Renders whatever `current()` returns: (latest state or None, now), for
+    prometheus_client's encoders (the text format renders `families()` directly).
 
     `part`: "snapshot" (all but the age), "age" (the age alone) or "all".
     """
@@ -393,7 +397,7 @@ class LedgerCollector(Collector):
         self._current = current
         self._part = part
 
-    def collect(self) -> Iterator[Metric]:
+    def families(self) -> Iterator[Family]:
         published, now = self._current()
         if published is None:
             return
@@ -401,3 +405,7 @@ class LedgerCollector(Collector):
             yield from snapshot_families(published, now)
         if self._part in ("age", "all"):
             yield age_family(published, now)
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.families():
+            yield family.to_metric()

@@ -1,5 +1,8 @@
 """Prometheus text format 0.0.4, byte for byte what prometheus_client's generate_latest writes.
 
+collector.py builds `Family` objects (rows of label values, no per-sample dicts); they
+render here directly, and become prometheus_client Metrics only for its other encoders.
+
 generate_latest validates and escapes every label name and value of every sample through
 several Python calls and `str.format`. For gauge and counter families with legacy names
 (all that collector.py builds) a metric name needs checking once per family, a set of label
@@ -11,10 +14,11 @@ at a time, so the output never differs.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 
 from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -44,6 +48,37 @@ class _One(Collector):
 
     def collect(self) -> Iterable[Metric]:
         return [self._metric]
+
+
+class Family:
+    """A gauge or counter family: label names once, then one tuple of values per series.
+
+    What collector.py builds each cycle. A prometheus_client Metric makes a Sample and a
+    label dict per series; this makes one tuple, and renders without them.
+    """
+
+    __slots__ = ("documentation", "labels", "name", "rows", "type")
+
+    def __init__(self, name: str, documentation: str, labels: Sequence[str], typ: str) -> None:
+        if typ not in _FAST_TYPES:
+            raise ValueError(f"a Family is a gauge or a counter, not {typ!r}")
+        # A counter's name is its family name: the renderer adds `_total`.
+        self.name = name.removesuffix("_total") if typ == "counter" else name
+        self.documentation = documentation
+        self.labels = tuple(labels)
+        self.type = typ
+        self.rows: list[tuple[tuple[str, ...], float]] = []
+
+    def add_metric(self, labels: Sequence[str], value: float) -> None:
+        self.rows.append((tuple(labels), value))
+
+    def to_metric(self) -> Metric:
+        """The same family as prometheus_client builds it (for OpenMetrics, and tests)."""
+        cls = CounterMetricFamily if self.type == "counter" else GaugeMetricFamily
+        metric = cls(self.name, self.documentation, labels=list(self.labels))
+        for values, value in self.rows:
+            metric.add_metric(list(values), value)
+        return metric
 
 
 def _escape(value: str) -> str:
@@ -127,14 +162,78 @@ def _family(metric: Metric, out: list[str], int_text: dict[int, str]) -> None:
     out.extend(lines)
 
 
-def render_text(metrics: Iterable[Metric]) -> bytes:
-    """The text exposition of `metrics`, equal to generate_latest of a registry yielding them."""
+_RowPlan = tuple[str, Callable[[tuple[str, ...]], tuple[str, ...]]]
+_ROW_PLANS: dict[tuple[str, ...], _RowPlan] = {}
+
+
+def _row_plan(labels: tuple[str, ...]) -> _RowPlan:
+    """How to write rows whose values follow `labels`: sorted by label name, as
+    generate_latest sorts a sample's label dict."""
+    plan = _ROW_PLANS.get(labels)
+    if plan is None:
+        if len(set(labels)) != len(labels):
+            raise _Fallback  # a label dict would keep only the last of duplicates
+        template, _ = _new_plan(labels)
+        order = sorted(range(len(labels)), key=labels.__getitem__)
+        getter: Callable[[tuple[str, ...]], tuple[str, ...]]
+        if len(order) == 1:
+            (only,) = order
+            getter = lambda values: (values[only],)  # noqa: E731
+        else:
+            getter = itemgetter(*order)
+        plan = (template, getter)
+        if len(_ROW_PLANS) >= _MAX_PLANS:
+            _ROW_PLANS.clear()
+        _ROW_PLANS[labels] = plan
+    return plan
+
+
+def _rows(family: Family, out: list[str], int_text: dict[int, str]) -> None:
+    """Append the text of one Family; raises when it must fall back."""
+    name = family.name + _FAST_TYPES[family.type]
+    if _METRIC_NAME.fullmatch(name) is None:
+        raise _Fallback
+    doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    lines = [f"# HELP {name} {doc}\n# TYPE {name} {family.type}\n"]
+    if family.labels:
+        template, getter = _row_plan(family.labels)
+        head = name + template
+    else:
+        head, getter = name + " ", None
+    for values, value in family.rows:
+        if len(values) != len(family.labels):
+            raise _Fallback  # prometheus_client zips them: let it decide
+        if getter is None:
+            prefix = head
+        else:
+            ordered = getter(values)
+            joined = "".join(ordered)  # TypeError for a non-str value: fall back
+            if "\\" in joined or "\n" in joined or '"' in joined:
+                ordered = tuple(_escape(v) for v in ordered)
+            prefix = head % ordered
+        if type(value) is int:
+            text = int_text.get(value)
+            if text is None:
+                text = int_text[value] = _float_text(value)
+        else:
+            text = _float_text(value)
+        lines.append(prefix + text + "\n")
+    out.extend(lines)
+
+
+def render_text(metrics: Iterable[Metric | Family]) -> bytes:
+    """The text exposition of `metrics`, equal to generate_latest of a registry yielding
+    them (Families as their `to_metric()`)."""
     out: list[str] = []
     int_text: dict[int, str] = {}
     for metric in metrics:
         try:
-            _family(metric, out, int_text)
+            if isinstance(metric, Family):
+                _rows(metric, out, int_text)
+            else:
+                _family(metric, out, int_text)
         except Exception:
             # Includes malformed families: generate_latest renders them or raises its own error.
-            out.append(generate_latest(_One(metric)).decode("utf-8"))
+            as_metric = metric.to_metric() if isinstance(metric, Family) else metric
+            out.append(generate_latest(_One(as_metric)).decode("utf-8"))
     return "".join(out).encode("utf-8")

@@ -66,8 +66,7 @@ class Exporter:
         self.registry.register(LedgerCollector(self.current))
         # The text exposition of a snapshot is rendered once, when it is published; a
         # scrape appends only the age. OpenMetrics requests render in full.
-        self._age_registry = CollectorRegistry(auto_describe=False)
-        self._age_registry.register(LedgerCollector(self.current, "age"))
+        self._age = LedgerCollector(self.current, "age")
         self._rendered = b""
 
     def current(self) -> tuple[Published | None, float]:
@@ -81,7 +80,7 @@ class Exporter:
     def run_once(self) -> Published:
         published = self._cycle()
         snapshot = LedgerCollector(lambda: (published, time.time()), "snapshot")
-        rendered = render_text(snapshot.collect())
+        rendered = render_text(snapshot.families())
         with self._lock:
             self._latest, self._rendered = published, rendered
         return published
@@ -119,7 +118,7 @@ class Exporter:
         if encoder is generate_latest:
             with self._lock:
                 rendered = self._rendered
-            return rendered + render_text(self._age_registry.collect()), content_type
+            return rendered + render_text(self._age.families()), content_type
         return encoder(self.registry), content_type
 
 

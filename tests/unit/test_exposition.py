@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar, NativeHistogram, Timestamp
 
 from gpuledger.collector import LedgerCollector
-from gpuledger.exposition import render_text
+from gpuledger.exposition import Family, render_text
 
 HOSTILE = [
     "",
@@ -302,4 +302,68 @@ def test_demo_ledger_renders_identically(tmp_path: Path, monkeypatch: pytest.Mon
     expected = generate_latest(_Families(collector.collect()))
     no_fallback(monkeypatch)  # every family collector.py builds takes the fast path
     assert render_text(collector.collect()) == expected
+    assert render_text(collector.families()) == expected  # what the exporter renders
     assert expected.count(b"\n") > 100  # a real ledger, not an empty one
+
+
+# -- Family: collector.py's own rows, rendered without prometheus_client's Samples ----------
+
+
+def assert_family_same(families: list[Family]) -> None:
+    """A Family renders as generate_latest renders its to_metric(), or fails the same way."""
+    try:
+        expected = generate_latest(_Families([f.to_metric() for f in families]))
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            render_text(families)
+        return
+    assert render_text(families) == expected
+
+
+def test_hand_built_families_as_rows() -> None:
+    labelled = Family("g_labelled", "Gauge with labels.", ["pod", "a", "zeta"], "gauge")
+    for i, text in enumerate(HOSTILE):
+        labelled.add_metric([text, HOSTILE[-1 - i], str(i)], NUMBERS[i % len(NUMBERS)])
+    counter = Family("c_requests", "Counter; the name gets _total.", ["b", "a"], "counter")
+    for i, number in enumerate(NUMBERS):
+        counter.add_metric([HOSTILE[i % len(HOSTILE)], str(i)], number)
+    bare = Family("g_bare", 'No labels; help with \\ and "quotes"\n.', [], "gauge")
+    bare.add_metric([], 3.25)
+    suffixed = Family("c_named_total", "Suffix given already.", ["x"], "counter")
+    suffixed.add_metric(["y"], 7)
+    empty = Family("g_empty", "No rows.", ["x"], "gauge")
+    assert_family_same([labelled, counter, bare, suffixed, empty])
+    assert b'c_requests_total{a="0",b=""} 0' in render_text([counter])
+
+
+def test_families_prometheus_client_would_reshape_fall_back() -> None:
+    duplicate = Family(
+        "g_dup", "Duplicate label names: a dict keeps the last.", ["a", "a"], "gauge"
+    )
+    duplicate.add_metric(["first", "second"], 1)
+    short = Family("g_short", "A row shorter than the label names.", ["a", "b"], "gauge")
+    short.add_metric(["only"], 1)
+    odd = Family("g_odd", "An invalid label name.", ["ok", "not ok"], "gauge")
+    odd.add_metric(["1", "2"], 1)
+    assert_family_same([duplicate, short, odd])
+    with pytest.raises(ValueError, match="gauge or a counter"):
+        Family("h", "doc", [], "histogram")
+
+
+@st.composite
+def row_families(draw: st.DrawFn) -> Family:
+    family = Family(
+        draw(legacy_metric_names),
+        draw(st.text()),
+        draw(st.lists(label_names, max_size=6)),
+        draw(st.sampled_from(["gauge", "counter"])),
+    )
+    for _ in range(draw(st.integers(0, 5))):
+        family.add_metric([draw(label_values) for _ in family.labels], draw(values))
+    return family
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(row_families(), max_size=5))
+def test_random_row_families_match_generate_latest(families: list[Family]) -> None:
+    assert_family_same(families)
