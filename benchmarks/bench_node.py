@@ -32,6 +32,7 @@ from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.server import Exporter, freeze_startup_objects
 from gpuledger.sim.fake_nvml import STATE_ENV
 from gpuledger.sources.podresources import api_pb2, api_pb2_grpc
+from gpuledger.sources.procfs import _read as read_proc_file
 
 CHILD = """
 import json, sys, time
@@ -54,6 +55,11 @@ def rss() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
 
 
 def floor_cycle(
@@ -80,14 +86,12 @@ def floor_cycle(
         while current > 1 and current not in seen:
             seen.add(current)
             base = f"{config.proc_root}/{current}"
-            try:
-                with open(f"{base}/status", "rb") as f:
-                    status = f.read()
-                for name in ("cgroup", "cmdline", "environ"):
-                    with open(f"{base}/{name}", "rb") as f:
-                        f.read()
-            except OSError:
+            # The exporter's own reader: the cheapest read is the floor's as well.
+            status = read_proc_file(f"{base}/status", 1 << 16)
+            if status is None:
                 break
+            for name in ("cgroup", "cmdline", "environ"):
+                read_proc_file(f"{base}/{name}", 1 << 20)
             ppid = [ln for ln in status.split(b"\n") if ln.startswith(b"PPid:")]
             current = int(ppid[0].split()[1]) if ppid else 0
     stub.List(api_pb2.ListPodResourcesRequest(), timeout=5)
@@ -129,7 +133,18 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
         for _ in range(3):  # warm-up: informer synced, engines known, caches hot
             exporter.run_once()
         freeze_startup_objects()  # as the collection loop does after its first cycle
-        walls, cpus, renders = [], [], []
+        session = requests.Session()
+        channel = grpc.insecure_channel(f"unix://{config.podresources_socket}")
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        published = exporter.run_once()
+        engines = [e.url for e in published.ledger.engines]
+        ray_ids = (
+            [v.node.node_id for v in published.ledger.ray.nodes] if published.ledger.ray else []
+        )
+        floor_cycle(config, engines, ray_ids, session, stub)  # warm its connections too
+        # gpuledger's cycle and the floor alternate, so drift in the machine's load (it is
+        # shared) affects both alike.
+        walls, cpus, renders, floor_walls, floor_cpus = [], [], [], [], []
         per_source: dict[str, list[float]] = {}
         for _ in range(cycles):
             w0, c0 = time.perf_counter(), time.process_time()
@@ -141,26 +156,15 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
             r0 = time.perf_counter()
             body, _ = exporter.render(None)
             renders.append(time.perf_counter() - r0)
-        down = [s.source for s in published.ledger.sources if not s.up]
-        series = sum(1 for ln in body.decode().splitlines() if ln and not ln.startswith("#"))
-        engines = [e.url for e in published.ledger.engines]
-        ray_ids = (
-            [v.node.node_id for v in published.ledger.ray.nodes] if published.ledger.ray else []
-        )
-        rss_after = rss()
-        pipeline.close()
-
-        pynvml.nvmlInit()  # the pipeline shut NVML down on close; the library stays loaded
-        session = requests.Session()
-        channel = grpc.insecure_channel(f"unix://{config.podresources_socket}")
-        stub = api_pb2_grpc.PodResourcesListerStub(channel)
-        floor_walls, floor_cpus = [], []
-        for _ in range(cycles):
             w0, c0 = time.perf_counter(), time.process_time()
             floor_cycle(config, engines, ray_ids, session, stub)
             floor_walls.append(time.perf_counter() - w0)
             floor_cpus.append(time.process_time() - c0)
+        down = [s.source for s in published.ledger.sources if not s.up]
+        series = sum(1 for ln in body.decode().splitlines() if ln and not ln.startswith("#"))
+        rss_after = rss()
         channel.close()
+        pipeline.close()
     finally:
         if child.stdin:
             child.stdin.close()
@@ -175,8 +179,12 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
         "pods": len(published.ledger.pods),
         "wall_ms": med(walls) * 1e3,
         "cpu_ms": med(cpus) * 1e3,
+        "cpu_p25_p75_ms": [q * 1e3 for q in quartiles(cpus)],
         "floor_wall_ms": med(floor_walls) * 1e3,
         "floor_cpu_ms": med(floor_cpus) * 1e3,
+        "floor_cpu_p25_p75_ms": [q * 1e3 for q in quartiles(floor_cpus)],
+        # Per pair of runs, so a noisy moment counts against both sides of one ratio.
+        "ratio_median_of_pairs": med(c / f for c, f in zip(cpus, floor_cpus, strict=True)),
         "render_ms": med(renders) * 1e3,
         "sources_ms": {k: med(v) * 1e3 for k, v in per_source.items()},
         "rss_mb": rss_after / 2**20,
@@ -197,6 +205,7 @@ def main() -> None:
             f"{r['series']} series | cycle wall {r['wall_ms']:.1f} ms cpu {r['cpu_ms']:.1f} ms"
             f" | floor wall {r['floor_wall_ms']:.1f} ms cpu {r['floor_cpu_ms']:.1f} ms"
             f" | ratio cpu {r['cpu_ms'] / r['floor_cpu_ms']:.2f}"
+            f" (median of pairs {r['ratio_median_of_pairs']:.2f})"
             f" | render {r['render_ms']:.1f} ms | RSS {r['rss_mb']:.0f} MB"
             f" | down: {r['down'] or 'none'}",
             flush=True,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from gpuledger.identity.devices import HostGpu, container_device_map
 from gpuledger.ledger.engines import Engine, build_engines
@@ -37,6 +38,17 @@ class ContainerRef:
     # so two GPU containers of one pod never collapse into one series.
     container: str = ""
     workload: str = ""
+
+    # The ledger keys dicts and sets by containers (and container, GPU) thousands of
+    # times a cycle; the generated hash built a six-field tuple each time. Equal refs
+    # have equal ids, so hashing those two alone, once, stays consistent with __eq__.
+    _hash: ClassVar[int]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.pod_uid, self.container_id)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True)
@@ -132,8 +144,17 @@ class _Pods:
         self.known = snapshot is not None
         self.by_uid = {p.uid: p for p in pods}
         self.by_name = {(p.namespace, p.name): p for p in pods}
+        self._refs: dict[tuple[str, str], ContainerRef] = {}
 
     def ref(self, pod_uid: str, container_id: str) -> ContainerRef:
+        # A container's processes share one ref: made once per ledger.
+        key = (pod_uid, container_id)
+        found = self._refs.get(key)
+        if found is None:
+            found = self._refs[key] = self._new_ref(pod_uid, container_id)
+        return found
+
+    def _new_ref(self, pod_uid: str, container_id: str) -> ContainerRef:
         pod = self.by_uid.get(pod_uid)
         if pod is None:
             return ContainerRef(pod_uid, container_id, container=container_id[:SHORT_ID])
@@ -349,7 +370,7 @@ def build_ledger(
     usage_count: dict[tuple[ContainerRef, str], int] = defaultdict(int)
     unattributed: dict[str, int] = defaultdict(int)
     views: list[ProcessView] = []
-    device_memo: dict[tuple[Sequence[HostGpu], str | None, str | None], tuple[str, ...]] = {}
+    device_memo: dict[tuple[int, str | None, str | None], tuple[str, ...]] = {}
     for pid in sorted(set(memory_by_pid) | set(process_table)):
         found = process_table.get(pid)
         ref = refs.get(pid)
@@ -447,7 +468,7 @@ def _cuda_devices(
     host: Sequence[HostGpu],
     procs: Mapping[int, ProcessInfo],
     *,
-    memo: dict[tuple[Sequence[HostGpu], str | None, str | None], tuple[str, ...]],
+    memo: dict[tuple[int, str | None, str | None], tuple[str, ...]],
 ) -> tuple[str, ...] | None:
     """The GPU UUIDs a process sees, by CUDA ordinal. `memo` holds answers for one
     ledger: containers given the same GPUs, and their processes, mostly share them."""
@@ -455,14 +476,16 @@ def _cuda_devices(
         return None
     if ref is None:
         visible: Sequence[HostGpu] = host  # a host process sees every GPU
-    elif ref in maps:
-        visible = maps[ref][0]
     else:
-        return None  # the container's device list is unknown
+        mapping = maps.get(ref)
+        if mapping is None:
+            return None  # the container's device list is unknown
+        visible = mapping[0]
     environ = _device_environ(info, procs)
     if environ is None:
         return None
-    key = (visible, environ.get("CUDA_VISIBLE_DEVICES"), environ.get("CUDA_DEVICE_ORDER"))
+    # By identity: the lists are shared (one per distinct allocation) and outlive the memo.
+    key = (id(visible), environ.get("CUDA_VISIBLE_DEVICES"), environ.get("CUDA_DEVICE_ORDER"))
     found = memo.get(key)
     if found is None:
         mapped = container_device_map(
