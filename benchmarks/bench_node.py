@@ -29,7 +29,7 @@ import pynvml
 import requests
 
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter, freeze_startup_objects
+from gpuledger.server import Exporter, tune_runtime
 from gpuledger.sim.fake_nvml import STATE_ENV
 from gpuledger.sources.podresources import api_pb2, api_pb2_grpc
 from gpuledger.sources.procfs import _read as read_proc_file
@@ -132,7 +132,7 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
         pipeline.warm_up(30)
         for _ in range(3):  # warm-up: informer synced, engines known, caches hot
             exporter.run_once()
-        freeze_startup_objects()  # as the collection loop does after its first cycle
+        tune_runtime()  # as the collection loop does after its first cycle
         session = requests.Session()
         channel = grpc.insecure_channel(f"unix://{config.podresources_socket}")
         stub = api_pb2_grpc.PodResourcesListerStub(channel)
