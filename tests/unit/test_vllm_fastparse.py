@@ -104,7 +104,11 @@ def _reference_parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
     configs: dict[tuple[str | None, str | None], dict[str, str] | None] = {}
 
     relevant = _reference_relevant_lines(text)
-    declared = {line.split()[2] for line in relevant.splitlines() if line.startswith("# TYPE ")}
+    declared = {  # fixed like the exporter's: a cut TYPE line crashed (IndexError)
+        fields[2]
+        for fields in (line.split() for line in relevant.splitlines() if line.startswith("# TYPE "))
+        if len(fields) > 2
+    }
     for name, labels, raw in _reference_samples(relevant):
         if name == _CACHE_CONFIG:
             key = (labels.get("model_name"), labels.get("engine"))
@@ -175,7 +179,8 @@ def _reference_parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
 
 def _order(key: tuple[str, str]) -> tuple[str, int, str]:
     model, engine = key
-    return (model, int(engine) if engine.isdigit() else 1 << 62, engine)
+    numeric = engine.isascii() and engine.isdigit()  # fixed: int("²") crashed
+    return (model, int(engine) if numeric else 1 << 62, engine)
 
 
 # ------------------------------------------------------------------------ comparison
@@ -453,11 +458,11 @@ def engines(count: int, *, typed: bool = False) -> str:
         'vllm:num_requests_running{a:b="x"} 1\n',
         'vllm:num_requests_running{,engine="0"} 1\n',
         'vllm:num_requests_running{ engine = "0" } 1\n',
-        'vllm:num_requests_running{engine="²"} 1\n',  # the reference crashes (int("²"))
+        'vllm:num_requests_running{engine="²"} 1\n',  # crashed before (int("²"))
         # lines
         "  vllm:num_requests_running 1\r\n  # TYPE vllm:num_requests_running gauge\r\n",
         "vllm:num_requests_running 1\x85# TYPE vllm:kv_cache_usage_perc gauge\n",
-        "vllm:num_requests_running 1\x85# TYPE \n",  # the reference crashes (IndexError)
+        "vllm:num_requests_running 1\x85# TYPE \n",  # crashed before (IndexError)
         "\u2028vllm:num_requests_running 1",
         'up{a="}"} 1 }\n',
         'up{a="}"} 1 } 2\n',
@@ -496,3 +501,11 @@ def test_megabyte_lines_take_linear_time(line: str) -> None:
     looks_like_vllm(line)
     # Linear work is a few milliseconds; backtracking over a megabyte would be hours.
     assert time.monotonic() - started < 2.0
+
+
+def test_inputs_that_used_to_crash_are_parsed_or_refused_cleanly() -> None:
+    """Both raised a bare ValueError/IndexError (reported as internal_error) before."""
+    text = 'vllm:num_requests_running{engine="²"} 1\nvllm:num_requests_running{engine="2"} 3\n'
+    assert [e.engine for e in parse_exposition(text)] == ["2", "²"]  # numeric ranks first
+    with pytest.raises(ExpositionError):  # a TYPE line cut at U+0085: garbage, said so
+        parse_exposition("vllm:num_requests_running 1\x85# TYPE \n")

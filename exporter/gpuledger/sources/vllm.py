@@ -393,7 +393,11 @@ def parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
     relevant = "\n".join(relevant_lines) + "\n"
     # An idle engine's gauges may have no sample at all until its first request (vLLM
     # declares them with # TYPE only): a declared gauge without a sample reads 0.
-    declared = {line.split()[2] for line in relevant.splitlines() if line.startswith("# TYPE ")}
+    declared = {
+        fields[2]
+        for fields in (line.split() for line in relevant.splitlines() if line.startswith("# TYPE "))
+        if len(fields) > 2  # splitlines() also breaks at \x85 and friends: a TYPE may be cut
+    }
     # Lazily from prometheus_client when the fast path is unsure: an error there then
     # surfaces after the same samples as before.
     fast = _fast_samples(relevant_lines)
@@ -468,7 +472,9 @@ def parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
 def _order(key: tuple[str, str]) -> tuple[str, int, str]:
     model, engine = key
     # Numeric ranks sort numerically (2 before 10); anything else after them.
-    return (model, int(engine) if engine.isdigit() else 1 << 62, engine)
+    # isascii: "²".isdigit() is true, but int("²") raises.
+    numeric = engine.isascii() and engine.isdigit()
+    return (model, int(engine) if numeric else 1 << 62, engine)
 
 
 # -------------------------------------------------------------------------- scraping
