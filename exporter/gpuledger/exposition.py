@@ -81,6 +81,17 @@ class Family:
         return metric
 
 
+def _value_text(value: float, int_text: dict[int, str]) -> str:
+    # Integer values repeat (0, 1, GPU counts, memory sizes); floats (-0.0, NaN) are not
+    # safe dict keys for their text.
+    if type(value) is int:
+        text = int_text.get(value)
+        if text is None:
+            text = int_text[value] = _float_text(value)
+        return text
+    return _float_text(value)
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
@@ -147,14 +158,7 @@ def _family(metric: Metric, out: list[str], int_text: dict[int, str]) -> None:
             head = template % values
         else:
             head = bare
-        # Integer values repeat (0, 1, GPU counts, memory sizes); floats (-0.0, NaN) are
-        # not safe dict keys for their text.
-        if type(value) is int:
-            text = int_text.get(value)
-            if text is None:
-                text = int_text[value] = _float_text(value)
-        else:
-            text = _float_text(value)
+        text = _value_text(value, int_text)
         if timestamp is None:
             lines.append(head + text + "\n")
         else:
@@ -211,13 +215,7 @@ def _rows(family: Family, out: list[str], int_text: dict[int, str]) -> None:
             if "\\" in joined or "\n" in joined or '"' in joined:
                 ordered = tuple(_escape(v) for v in ordered)
             prefix = head % ordered
-        if type(value) is int:
-            text = int_text.get(value)
-            if text is None:
-                text = int_text[value] = _float_text(value)
-        else:
-            text = _float_text(value)
-        lines.append(prefix + text + "\n")
+        lines.append(prefix + _value_text(value, int_text) + "\n")
     out.extend(lines)
 
 

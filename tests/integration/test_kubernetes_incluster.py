@@ -40,6 +40,14 @@ def server(certificate: tuple[Path, Path]) -> Iterator[FakeApiServer]:
         yield fake
 
 
+@pytest.fixture
+def account(server: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The service account directory and environment a pod would get."""
+    for name, value in server.service_account(tmp_path / "sa").items():
+        monkeypatch.setenv(name, value)
+    return tmp_path / "sa"
+
+
 def informer_in_cluster(account: Path) -> PodInformer:
     return PodInformer(
         "node",
@@ -67,12 +75,8 @@ def outcome(informer: PodInformer, timeout: float = 8.0) -> tuple[str, str] | se
     return result
 
 
-def test_in_cluster_config_over_tls_with_the_token(
-    server: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name, value in server.service_account(tmp_path / "sa").items():
-        monkeypatch.setenv(name, value)
-    informer = informer_in_cluster(tmp_path / "sa")
+def test_in_cluster_config_over_tls_with_the_token(server: FakeApiServer, account: Path) -> None:
+    informer = informer_in_cluster(account)
     try:
         assert outcome(informer) == {"vllm-0"}
         # The watch runs over the same authenticated TLS connection setup.
@@ -85,13 +89,9 @@ def test_in_cluster_config_over_tls_with_the_token(
         informer.stop()
 
 
-def test_wrong_token_is_unauthorized_and_never_printed(
-    server: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name, value in server.service_account(tmp_path / "sa").items():
-        monkeypatch.setenv(name, value)
-    (tmp_path / "sa" / "token").write_text("stale-token-from-another-cluster")
-    informer = informer_in_cluster(tmp_path / "sa")
+def test_wrong_token_is_unauthorized_and_never_printed(account: Path) -> None:
+    (account / "token").write_text("stale-token-from-another-cluster")
+    informer = informer_in_cluster(account)
     try:
         result = outcome(informer)
         assert isinstance(result, tuple)
@@ -103,13 +103,11 @@ def test_wrong_token_is_unauthorized_and_never_printed(
 
 
 def test_a_certificate_from_another_ca_is_refused(
-    server: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: FakeApiServer, account: Path, tmp_path: Path
 ) -> None:
-    for name, value in server.service_account(tmp_path / "sa").items():
-        monkeypatch.setenv(name, value)
     other_cert, _ = self_signed_certificate(tmp_path / "other")
-    (tmp_path / "sa" / "ca.crt").write_bytes(other_cert.read_bytes())
-    informer = informer_in_cluster(tmp_path / "sa")
+    (account / "ca.crt").write_bytes(other_cert.read_bytes())
+    informer = informer_in_cluster(account)
     try:
         result = outcome(informer)
         assert isinstance(result, tuple) and result[0] == "tls"
@@ -127,19 +125,13 @@ def test_a_certificate_from_another_ca_is_refused(
     ],
 )
 def test_missing_in_cluster_pieces_are_a_config_error(
-    server: FakeApiServer,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    remove: str,
-    expected: str,
+    account: Path, monkeypatch: pytest.MonkeyPatch, remove: str, expected: str
 ) -> None:
-    for name, value in server.service_account(tmp_path / "sa").items():
-        monkeypatch.setenv(name, value)
     if remove == "env":
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     else:
-        (tmp_path / "sa" / remove).unlink()
-    informer = informer_in_cluster(tmp_path / "sa")
+        (account / remove).unlink()
+    informer = informer_in_cluster(account)
     try:
         assert outcome(informer) == (
             "config",
