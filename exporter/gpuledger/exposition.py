@@ -34,10 +34,8 @@ _float_text: Callable[[float], str] = floatToGoString
 # Families whose text-format name and TYPE differ from Metric.name/.type only by this.
 _FAST_TYPES = {"gauge": "", "counter": "_total"}
 
+
 # (label part of a sample line as a %-template, getter of the label values in name order).
-_Plan = tuple[str, Callable[[dict[str, str]], tuple[str, ...]]]
-
-
 class _Fallback(Exception):
     """The family needs generate_latest's general path."""
 
@@ -96,78 +94,43 @@ def _escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-# Label sets repeat across families and cycles; validating and sorting them is a fifth of
-# the work. Bounded, since keys come from callers; a lost race only recomputes an entry.
-_PLANS: dict[tuple[str, ...], _Plan] = {}
-_MAX_PLANS = 4096
-
-
-def _plan(keys: tuple[str, ...]) -> _Plan:
-    """How to write the labels of samples whose label dict has exactly these keys."""
-    plan = _PLANS.get(keys)
-    if plan is None:
-        plan = _new_plan(keys)
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[keys] = plan
-    return plan
-
-
-def _new_plan(keys: tuple[str, ...]) -> _Plan:
+def _template(keys: tuple[str, ...]) -> str:
+    """The label part of a sample line, names sorted as generate_latest sorts them."""
     for key in keys:
         if _LABEL_NAME.fullmatch(key) is None:
             raise _Fallback  # generate_latest would escape the name
-    ordered = sorted(keys)
     # Names are legacy (no '%'), so only the values are substituted.
-    template = "{" + ",".join(f'{k}="%s"' for k in ordered) + "} "
-    if len(ordered) == 1:
-        (only,) = ordered
-        return template, lambda labels: (labels[only],)
-    getter: Callable[[dict[str, str]], tuple[str, ...]] = itemgetter(*ordered)
-    return template, getter
+    return "{" + ",".join(f'{k}="%s"' for k in sorted(keys)) + "} "
 
 
-def _family(metric: Metric, out: list[str], int_text: dict[int, str]) -> None:
-    """Append the text of one gauge or counter family; raises when it must fall back."""
-    suffix = _FAST_TYPES.get(metric.type)
-    if suffix is None:
+def _as_family(metric: Metric) -> Family:
+    """A prometheus_client gauge or counter as a Family, when that renders the same."""
+    if metric.type not in _FAST_TYPES:
         raise _Fallback
-    name = metric.name + suffix
-    if _METRIC_NAME.fullmatch(name) is None:
-        raise _Fallback
-    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-    lines = [f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"]
-    bare = name + " "
-    plans: dict[tuple[str, ...], _Plan] = {}  # the templates here start with the name
-    for sample_name, labels, value, timestamp, exemplar, native in metric.samples:
+    name = metric.name + _FAST_TYPES[metric.type]
+    samples = metric.samples
+    keys = tuple(samples[0].labels) if samples else ()
+    family = Family(metric.name, metric.documentation, keys, metric.type)
+    for sample in samples:
         # Another name (_created, _gsum, ...) goes to a separate family in generate_latest;
-        # exemplars and native histograms are rare enough to leave to it as well.
-        if sample_name != name or exemplar is not None or native is not None:
+        # timestamps, exemplars, native histograms and mixed label sets are left to it too.
+        if (
+            sample.name != name
+            or sample.timestamp is not None
+            or sample.exemplar is not None
+            or sample.native_histogram is not None
+            or len(sample.labels) != len(keys)
+        ):
             raise _Fallback
-        if labels:
-            keys = tuple(labels)
-            plan = plans.get(keys)
-            if plan is None:
-                template, getter = _plan(keys)
-                plan = plans[keys] = (name + template, getter)
-            template, getter = plan
-            values = getter(labels)
-            joined = "".join(values)  # one scan instead of three per value; TypeError if not str
-            if "\\" in joined or "\n" in joined or '"' in joined:
-                values = tuple(_escape(v) for v in values)
-            head = template % values
-        else:
-            head = bare
-        text = _value_text(value, int_text)
-        if timestamp is None:
-            lines.append(head + text + "\n")
-        else:
-            lines.append(f"{head}{text} {int(float(timestamp) * 1000):d}\n")
-    out.extend(lines)
+        family.add_metric([sample.labels[k] for k in keys], sample.value)  # KeyError: mixed
+    return family
 
 
 _RowPlan = tuple[str, Callable[[tuple[str, ...]], tuple[str, ...]]]
+# Label sets repeat across families and cycles; validating and sorting them is a fifth of
+# the work. Bounded, since names come from callers; a lost race only recomputes an entry.
 _ROW_PLANS: dict[tuple[str, ...], _RowPlan] = {}
+_MAX_PLANS = 4096
 
 
 def _row_plan(labels: tuple[str, ...]) -> _RowPlan:
@@ -177,7 +140,7 @@ def _row_plan(labels: tuple[str, ...]) -> _RowPlan:
     if plan is None:
         if len(set(labels)) != len(labels):
             raise _Fallback  # a label dict would keep only the last of duplicates
-        template, _ = _new_plan(labels)
+        template = _template(labels)
         order = sorted(range(len(labels)), key=labels.__getitem__)
         getter: Callable[[tuple[str, ...]], tuple[str, ...]]
         if len(order) == 1:
@@ -226,10 +189,7 @@ def render_text(metrics: Iterable[Metric | Family]) -> bytes:
     int_text: dict[int, str] = {}
     for metric in metrics:
         try:
-            if isinstance(metric, Family):
-                _rows(metric, out, int_text)
-            else:
-                _family(metric, out, int_text)
+            _rows(metric if isinstance(metric, Family) else _as_family(metric), out, int_text)
         except Exception:
             # Includes malformed families: generate_latest renders them or raises its own error.
             as_metric = metric.to_metric() if isinstance(metric, Family) else metric
