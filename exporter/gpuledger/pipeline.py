@@ -27,7 +27,7 @@ from gpuledger.sources.base import DISABLED, SourceRunner, Started
 from gpuledger.sources.kubernetes import SOURCE as KUBERNETES
 from gpuledger.sources.kubernetes import PodInfo, PodInformer, PodsSnapshot
 from gpuledger.sources.ray import SOURCE as RAY
-from gpuledger.sources.ray import RayActor, RayNode, RaySnapshot, RayStateClient
+from gpuledger.sources.ray import PodNodes, RayActor, RayNode, RaySnapshot, RayStateClient
 from gpuledger.sources.vllm import SOURCE as VLLM
 from gpuledger.sources.vllm import EngineTarget, VllmScraper, VllmSnapshot
 
@@ -100,24 +100,16 @@ def local_ray_nodes(
 ) -> list[tuple[RayNode, PodInfo | None]]:
     """The Ray nodes that run here: pods on this node (by IP, else name), or, outside
     Kubernetes, the node with this host's name (or the only node)."""
-    alive = [n for n in nodes if n.state == "ALIVE"]
     if pods is not None:
-        # node_for_pod's rule (IP first, then name; first live node wins), indexed once
-        # instead of scanning every Ray node for every pod.
-        by_ip: dict[str, RayNode] = {}
-        by_name: dict[str, RayNode] = {}
-        for node in alive:
-            if node.node_ip:
-                by_ip.setdefault(node.node_ip, node)
-            if node.hostname:
-                by_name.setdefault(node.hostname, node)
+        index = PodNodes(nodes)
         found: list[tuple[RayNode, PodInfo | None]] = []
         for pod in pods:
             if pod.phase == "Running" and pod.pod_ip:
-                match = by_ip.get(pod.pod_ip) or by_name.get(pod.name)
+                match = index.of(pod.pod_ip, pod.name)
                 if match is not None:
                     found.append((match, pod))
         return found
+    alive = [n for n in nodes if n.state == "ALIVE"]
     here = socket.gethostname()
     mine = [n for n in alive if n.hostname == here]
     return [(n, None) for n in (mine or (alive if len(alive) == 1 else []))]
