@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from gpuledger import __version__
 from gpuledger.exposition import Family
 from gpuledger.ledger import ContainerRef, Ledger
-from gpuledger.sources.kubernetes import PodInfo
+from gpuledger.model.kubernetes import PodInfo
 
 CONTAINER_LABELS = ["namespace", "pod", "pod_uid", "container", "workload"]
 POD_LABELS = ["namespace", "pod", "pod_uid", "workload"]

@@ -18,18 +18,22 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gpuledger.collector import Published
+from gpuledger.identity.raynodes import PodNodes
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.ledger.ray import RayCluster, build_ray_cluster
 from gpuledger.model import SourceStatus
+from gpuledger.model.kubernetes import PodInfo, PodsSnapshot
+from gpuledger.model.ray import RayActor, RayNode, RaySnapshot
+from gpuledger.model.vllm import EngineTarget, VllmSnapshot
 from gpuledger.sources import nvml, procfs
 from gpuledger.sources import podresources as podres
 from gpuledger.sources.base import DISABLED, SourceRunner, Started
 from gpuledger.sources.kubernetes import SOURCE as KUBERNETES
-from gpuledger.sources.kubernetes import PodInfo, PodInformer, PodsSnapshot
+from gpuledger.sources.kubernetes import PodInformer
 from gpuledger.sources.ray import SOURCE as RAY
-from gpuledger.sources.ray import PodNodes, RayActor, RayNode, RaySnapshot, RayStateClient
+from gpuledger.sources.ray import RayStateClient
 from gpuledger.sources.vllm import SOURCE as VLLM
-from gpuledger.sources.vllm import EngineTarget, VllmScraper, VllmSnapshot
+from gpuledger.sources.vllm import VllmScraper
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

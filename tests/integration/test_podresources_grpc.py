@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuledger.model.podresources import PodResourcesSnapshot
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sources.base import SourceError, SourceRunner
-from gpuledger.sources.podresources import PodResourcesSnapshot, PodResourcesSource
+from gpuledger.sources.podresources import PodResourcesSource
 
 UA = "GPU-8a3f0c11-1111-4111-8111-111111111111"
 UB = "GPU-c0ffee33-3333-4333-8333-333333333333"

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import requests
 
+from gpuledger.ledger.ray import gpu_actor_counts, pending_gpus, placement_group_counts
+from gpuledger.model.ray import RaySnapshot
 from gpuledger.sim.fake_ray import (
     ACTORS_PATH,
     CLUSTER_STATUS_PATH,
@@ -27,13 +29,7 @@ from gpuledger.sim.fake_ray import (
     placement_group_entry,
 )
 from gpuledger.sources.base import SourceError, SourceRunner
-from gpuledger.sources.ray import (
-    RaySnapshot,
-    RayStateClient,
-    gpu_actor_counts,
-    pending_gpus,
-    placement_group_counts,
-)
+from gpuledger.sources.ray import RayStateClient
 from tests.json_shape import same_shape
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ray"

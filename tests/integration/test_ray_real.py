@@ -39,6 +39,9 @@ from typing import Any
 import pytest
 import requests
 
+from gpuledger.identity.raynodes import node_for_pod
+from gpuledger.ledger.ray import gpu_actor_counts, pending_gpus, placement_group_counts
+from gpuledger.model.ray import RaySnapshot
 from gpuledger.sim.fake_ray import (
     FakeRayDashboard,
     actor_entry,
@@ -46,14 +49,7 @@ from gpuledger.sim.fake_ray import (
     placement_group_entry,
 )
 from gpuledger.sources.base import SourceError
-from gpuledger.sources.ray import (
-    RaySnapshot,
-    RayStateClient,
-    gpu_actor_counts,
-    node_for_pod,
-    pending_gpus,
-    placement_group_counts,
-)
+from gpuledger.sources.ray import RayStateClient
 from tests.json_shape import same_shape
 
 pytestmark = pytest.mark.slow

@@ -10,14 +10,9 @@ import pytest
 import requests
 import urllib3.exceptions as u3
 
+from gpuledger.model.vllm import EngineScrape, EngineTarget, VllmSnapshot
 from gpuledger.sim.fake_vllm import FAULTS, FakeEngine, FakeVllmServer, Fault
-from gpuledger.sources.vllm import (
-    EngineScrape,
-    EngineTarget,
-    VllmScraper,
-    VllmSnapshot,
-    _classify,
-)
+from gpuledger.sources.vllm import VllmScraper, _classify
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TIMEOUT = 0.5

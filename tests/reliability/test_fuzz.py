@@ -26,8 +26,15 @@ from hypothesis import strategies as st
 
 from gpuledger.identity.scheduling import PENDING_REASONS
 from gpuledger.ledger import build_ledger
-from gpuledger.ledger.ray import build_ray_cluster
-from gpuledger.model import Gpu, GpuProcess, NvmlSnapshot, SourceStatus
+from gpuledger.ledger.ray import (
+    build_ray_cluster,
+    gpu_actor_counts,
+    pending_gpus,
+    placement_group_counts,
+)
+from gpuledger.model import SourceStatus
+from gpuledger.model.nvml import Gpu, GpuProcess, NvmlSnapshot
+from gpuledger.model.vllm import EngineTarget
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sim.fake_nvml import (
@@ -46,7 +53,7 @@ from gpuledger.sources.nvml import NvmlSource
 from gpuledger.sources.podresources import PodResourcesSource
 from gpuledger.sources.procfs import ProcfsSource
 from gpuledger.sources.vllm import REASONS as VLLM_REASONS
-from gpuledger.sources.vllm import EngineTarget, VllmScraper
+from gpuledger.sources.vllm import VllmScraper
 from tests.reliability.harness import BodyServer
 
 FUZZ = settings(
@@ -203,9 +210,9 @@ def test_ray_client_reports_a_reason_for_any_answer(
     finally:
         client.close()
     # What the ledger does with it must not fail either.
-    ray_source.gpu_actor_counts(snapshot)
-    ray_source.pending_gpus(snapshot)
-    ray_source.placement_group_counts(snapshot)
+    gpu_actor_counts(snapshot)
+    pending_gpus(snapshot)
+    placement_group_counts(snapshot)
     build_ray_cluster(snapshot, "ns", "wl")
 
 

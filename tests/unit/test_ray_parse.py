@@ -11,26 +11,20 @@ from typing import Any
 
 import pytest
 
+from gpuledger.httpclient import safe_url
+from gpuledger.identity.raynodes import node_for_pod
+from gpuledger.ledger.ray import gpu_actor_counts, pending_gpus, placement_group_counts
+from gpuledger.model.ray import RayActor, RayBundle, RayNode, RayPlacementGroup, RaySnapshot
 from gpuledger.sources.base import SourceError
 from gpuledger.sources.ray import (
     MAX_MESSAGE_CHARS,
-    RayActor,
-    RayBundle,
-    RayNode,
-    RayPlacementGroup,
-    RaySnapshot,
     RayStateClient,
-    gpu_actor_counts,
     gpus_requested,
     list_rows,
-    node_for_pod,
     one_line,
     parse_actor,
     parse_node,
     parse_placement_group,
-    pending_gpus,
-    placement_group_counts,
-    safe_url,
     usage_by_node,
     with_available,
 )

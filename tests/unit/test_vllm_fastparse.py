@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger.model import frozen_map
+from gpuledger.model.vllm import EngineMetrics
 from gpuledger.sources.vllm import (
     CACHE_CONFIG_LABELS,
     MAX_ENGINES_PER_TARGET,
     MAX_WAITING_REASONS,
-    EngineMetrics,
     ExpositionError,
     looks_like_vllm,
     parse_exposition,

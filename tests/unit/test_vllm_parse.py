@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuledger.model.vllm import EngineMetrics
 from gpuledger.sim.fake_vllm import FakeEngine, render_exposition
 from gpuledger.sources.vllm import (
     CACHE_CONFIG_LABELS,
     MAX_ENGINES_PER_TARGET,
-    EngineMetrics,
     ExpositionError,
     looks_like_vllm,
     parse_exposition,

@@ -12,9 +12,11 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuledger.httpclient import safe_url
 from gpuledger.ledger.tree import ancestors
-from gpuledger.model import ProcessInfo, frozen_map
-from gpuledger.sources.vllm import EngineMetrics, EngineScrape, VllmSnapshot, safe_url
+from gpuledger.model import frozen_map
+from gpuledger.model.procfs import ProcessInfo
+from gpuledger.model.vllm import EngineMetrics, EngineScrape, VllmSnapshot
 
 _TITLE = re.compile(r"^VLLM::(EngineCore|Worker)((?:_[A-Z]+\d+)*)$")
 _PART = re.compile(r"_([A-Z]+)(\d+)")

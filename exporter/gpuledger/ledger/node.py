@@ -16,11 +16,13 @@ from gpuledger.identity.devices import HostGpu, container_device_map
 from gpuledger.ledger.engines import Engine, build_engines
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_local
 from gpuledger.ledger.tree import ancestors
-from gpuledger.model import Gpu, NvmlSnapshot, ProcessInfo, ProcSnapshot, SourceStatus
-from gpuledger.sources.kubernetes import PodInfo, PodsSnapshot
-from gpuledger.sources.podresources import PodResourcesSnapshot
-from gpuledger.sources.ray import RayNode, RaySnapshot
-from gpuledger.sources.vllm import VllmSnapshot
+from gpuledger.model import SourceStatus
+from gpuledger.model.kubernetes import PodInfo, PodsSnapshot
+from gpuledger.model.nvml import Gpu, NvmlSnapshot
+from gpuledger.model.podresources import PodResourcesSnapshot
+from gpuledger.model.procfs import ProcessInfo, ProcSnapshot
+from gpuledger.model.ray import RayNode, RaySnapshot
+from gpuledger.model.vllm import VllmSnapshot
 
 SHORT_ID = 12  # container ID length people know from `crictl ps` / `docker ps`
 _TERMINATED = frozenset({"Succeeded", "Failed"})

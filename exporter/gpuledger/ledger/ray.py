@@ -10,17 +10,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
-from gpuledger.model import ProcessInfo
-from gpuledger.sources.kubernetes import PodInfo
-from gpuledger.sources.ray import (
-    RayActor,
-    RayNode,
-    RaySnapshot,
-    gpu_actor_counts,
-    pending_gpus,
-    placement_group_counts,
-)
+from gpuledger.model import frozen_map
+from gpuledger.model.kubernetes import PodInfo
+from gpuledger.model.procfs import ProcessInfo
+from gpuledger.model.ray import RayActor, RayNode, RaySnapshot
 
 
 @dataclass(frozen=True)
@@ -148,3 +143,55 @@ def build_ray_cluster(snapshot: RaySnapshot, namespace: str, workload: str) -> R
         placement_groups=placement_group_counts(snapshot),
         pending_gpus=pending_gpus(snapshot),
     )
+
+
+# RESTARTING is "equivalent to PENDING_CREATION" in Ray's ActorState docs: the actor waits
+# to be placed again. DEPENDENCIES_UNREADY waits for its arguments, not for resources.
+PENDING_ACTOR_STATES: Final = frozenset({"PENDING_CREATION", "RESTARTING"})
+
+
+def gpu_actor_counts(snapshot: RaySnapshot) -> Mapping[tuple[str, str], float]:
+    """Logical GPUs held (ALIVE) or asked (pending) by GPU actors, by (class_name, state).
+
+    DEAD actors hold nothing and are left out.
+    """
+    counts: dict[tuple[str, str], float] = {}
+    for actor in snapshot.actors:
+        if actor.num_gpus <= 0 or actor.state == "DEAD":
+            continue
+        key = (actor.class_name, actor.state)
+        counts[key] = counts.get(key, 0.0) + actor.num_gpus
+    return frozen_map(counts)
+
+
+def pending_gpus(snapshot: RaySnapshot) -> Mapping[str, float]:
+    """GPUs asked by Ray work that is not placed, by kind (placement_group / actor).
+
+    A placement group in PENDING counts all its bundles; in RESCHEDULING only bundles that
+    lost their node. An actor counts when it is pending and belongs to no placement group
+    in the snapshot: an actor inside a group asks for the group's bundle, which is either
+    counted with the group (pending) or already reserved (created) - never twice.
+    """
+    by_kind = {"placement_group": 0.0, "actor": 0.0}
+    group_ids = {g.pg_id for g in snapshot.placement_groups}
+    for group in snapshot.placement_groups:
+        if group.state == "PENDING":
+            by_kind["placement_group"] += group.gpus
+        elif group.state == "RESCHEDULING":
+            by_kind["placement_group"] += sum(b.gpus for b in group.bundles if b.node_id is None)
+    for actor in snapshot.actors:
+        if actor.state not in PENDING_ACTOR_STATES or actor.num_gpus <= 0:
+            continue
+        if actor.placement_group_id is not None and actor.placement_group_id in group_ids:
+            continue
+        by_kind["actor"] += actor.num_gpus
+    return frozen_map(by_kind)
+
+
+def placement_group_counts(snapshot: RaySnapshot) -> Mapping[tuple[str, str], int]:
+    """Placement groups by (state, scheduling_state); "" where Ray gave no scheduling state."""
+    counts: dict[tuple[str, str], int] = {}
+    for group in snapshot.placement_groups:
+        key = (group.state, group.scheduling_state or "")
+        counts[key] = counts.get(key, 0) + 1
+    return frozen_map(counts)

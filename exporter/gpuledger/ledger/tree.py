@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from gpuledger.model import ProcessInfo
+from gpuledger.model.procfs import ProcessInfo
 
 MAX_DEPTH = 64
 

@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -50,6 +50,7 @@ from gpuledger.identity.scheduling import (
     workload_of,
 )
 from gpuledger.model import frozen_map
+from gpuledger.model.kubernetes import PodInfo, PodsSnapshot
 from gpuledger.sources import kubeapi
 from gpuledger.sources.base import SourceError
 from gpuledger.sources.kubeapi import ApiException
@@ -79,41 +80,6 @@ DEFAULT_MAX_LIST_BYTES = 64 * 1024 * 1024
 MAX_LIST_PAGES = 1000
 # Annotations are free text that other tools fill; keep only the discovery hints we use.
 ANNOTATION_PREFIXES = ("gpuledger.io/", "prometheus.io/")
-
-
-@dataclass(frozen=True)
-class PodInfo:
-    """The fields of one Pod the ledger uses."""
-
-    uid: str
-    namespace: str
-    name: str
-    node_name: str | None
-    phase: str
-    labels: Mapping[str, str]
-    workload: str
-    pod_ip: str | None
-    # Container name -> bare runtime id (64 hex for containerd/cri-o/docker), the key
-    # the cgroup path gives (identity rule 2). Containers not started yet are absent.
-    container_ids: Mapping[str, str]
-    # GPUs the Pod asks for: limits of the configured GPU resource names.
-    gpu_requests: int
-    # Why it is not placed (scheduling.PENDING_REASONS); None once PodScheduled=True.
-    pending_reason: str | None
-    # lastTransitionTime of PodScheduled=False, epoch seconds.
-    pending_since: float | None
-    ready: bool
-    # metadata.deletionTimestamp is set: terminating.
-    deletion: bool
-    # Only the annotations gpuledger reads (ANNOTATION_PREFIXES): discovery hints.
-    annotations: Mapping[str, str] = field(default_factory=frozen_map)
-
-
-@dataclass(frozen=True)
-class PodsSnapshot:
-    pods: tuple[PodInfo, ...]
-    # False only from `cached()` while the informer is not in sync with the API server.
-    synced: bool
 
 
 @dataclass(frozen=True)

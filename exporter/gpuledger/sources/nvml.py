@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from gpuledger.model import Gpu, GpuProcess, NvmlSnapshot
+from gpuledger.model.nvml import Gpu, GpuProcess, NvmlSnapshot
 from gpuledger.sources.base import SourceError
 
 log = logging.getLogger(__name__)

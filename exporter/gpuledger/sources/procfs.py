@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gpuledger.identity.cgroup import NO_IDENTITY, parse_cgroup_file
-from gpuledger.model import ProcessInfo, ProcSnapshot, frozen_map
+from gpuledger.model import frozen_map
+from gpuledger.model.procfs import ProcessInfo, ProcSnapshot
 from gpuledger.sources.base import SourceError
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,6 @@ import math
 import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -39,6 +38,14 @@ import urllib3.exceptions
 from gpuledger import __version__
 from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.model import frozen_map
+from gpuledger.model.ray import (
+    GPU,
+    RayActor,
+    RayBundle,
+    RayNode,
+    RayPlacementGroup,
+    RaySnapshot,
+)
 from gpuledger.sources.base import SourceError
 
 T = TypeVar("T")
@@ -66,11 +73,7 @@ MAX_MESSAGE_CHARS: Final = 200
 MAX_WARNINGS: Final = 32
 
 PENDING_PG_STATES: Final = frozenset({"PENDING", "RESCHEDULING"})
-# RESTARTING is "equivalent to PENDING_CREATION" in Ray's ActorState docs: the actor waits
-# to be placed again. DEPENDENCIES_UNREADY waits for its arguments, not for resources.
-PENDING_ACTOR_STATES: Final = frozenset({"PENDING_CREATION", "RESTARTING"})
 
-_GPU: Final = "GPU"
 # Inside a placement group Ray rewrites an actor's resources to the bundle's names:
 # `GPU_group_<pg>` (any bundle) and, with a bundle index, also `GPU_group_<i>_<pg>`.
 # Both name the same GPUs, so only one family is counted.
@@ -80,88 +83,6 @@ _WHITESPACE = re.compile(r"\s+")
 
 
 # --------------------------------------------------------------------------- snapshots
-
-
-@dataclass(frozen=True)
-class RayNode:
-    """One Ray node (a raylet); on Kubernetes, one Ray pod."""
-
-    node_id: str
-    node_ip: str
-    # `node_name`: what `ray start --node-name` set, else the node IP.
-    hostname: str | None
-    state: str  # ALIVE | DEAD
-    is_head: bool
-    # Logical resources as Ray counts them (`num_gpus`), not what the hardware has.
-    resources_total: Mapping[str, float] = field(default_factory=frozen_map)
-    # From cluster_status; None when Ray did not report this node's usage.
-    resources_available: Mapping[str, float] | None = None
-    labels: Mapping[str, str] = field(default_factory=frozen_map)
-
-    @property
-    def gpus_total(self) -> float:
-        return self.resources_total.get(_GPU, 0.0)
-
-    @property
-    def gpus_available(self) -> float | None:
-        if self.resources_available is None:
-            return None
-        return self.resources_available.get(_GPU, 0.0)
-
-
-@dataclass(frozen=True)
-class RayActor:
-    actor_id: str
-    class_name: str
-    state: str  # DEPENDENCIES_UNREADY | PENDING_CREATION | ALIVE | RESTARTING | DEAD
-    # PID inside the worker's PID namespace (the Ray pod's); None until the actor runs.
-    pid: int | None
-    node_id: str | None
-    # Logical GPUs the actor holds (ALIVE) or asks for (pending); 0 for CPU actors.
-    num_gpus: float
-    job_id: str | None
-    placement_group_id: str | None
-    ray_namespace: str | None
-    name: str | None = None
-
-
-@dataclass(frozen=True)
-class RayBundle:
-    index: int
-    gpus: float
-    # Where the bundle is reserved; None while it is not placed.
-    node_id: str | None
-
-
-@dataclass(frozen=True)
-class RayPlacementGroup:
-    pg_id: str
-    name: str | None
-    state: str  # PENDING | PREPARED | CREATED | REMOVED | RESCHEDULING
-    # stats.scheduling_state: QUEUED, NO_RESOURCES (waits for capacity held by others),
-    # INFEASIBLE (never fits this cluster), FINISHED, ...; None where not reported.
-    scheduling_state: str | None
-    # Not in the 2.60 state API rows; kept when a dashboard does send it.
-    strategy: str | None
-    bundles: tuple[RayBundle, ...] = ()
-    creator_job_id: str | None = None
-    is_detached: bool | None = None
-    # stats.creation_request_received_ns, in seconds.
-    created_timestamp_seconds: float | None = None
-
-    @property
-    def gpus(self) -> float:
-        """GPUs asked by all bundles together."""
-        return sum(b.gpus for b in self.bundles)
-
-
-@dataclass(frozen=True)
-class RaySnapshot:
-    nodes: tuple[RayNode, ...] = ()
-    actors: tuple[RayActor, ...] = ()
-    placement_groups: tuple[RayPlacementGroup, ...] = ()
-    # Non-fatal: partial failures, truncation, unreadable rows, cluster_status missing.
-    warnings: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- values
@@ -246,8 +167,8 @@ def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 
 def gpus_requested(resources: Mapping[str, float]) -> float:
     """Logical GPUs in a resource request, including placement-group-rewritten names."""
-    if _GPU in resources:
-        return resources[_GPU]
+    if GPU in resources:
+        return resources[GPU]
     wildcard = [v for k, v in resources.items() if _GPU_WILDCARD.match(k)]
     if wildcard:
         return sum(wildcard)
@@ -808,79 +729,3 @@ class RayStateClient:
 # --------------------------------------------------------------------------- pure helpers
 
 
-def gpu_actor_counts(snapshot: RaySnapshot) -> Mapping[tuple[str, str], float]:
-    """Logical GPUs held (ALIVE) or asked (pending) by GPU actors, by (class_name, state).
-
-    DEAD actors hold nothing and are left out.
-    """
-    counts: dict[tuple[str, str], float] = {}
-    for actor in snapshot.actors:
-        if actor.num_gpus <= 0 or actor.state == "DEAD":
-            continue
-        key = (actor.class_name, actor.state)
-        counts[key] = counts.get(key, 0.0) + actor.num_gpus
-    return frozen_map(counts)
-
-
-def pending_gpus(snapshot: RaySnapshot) -> Mapping[str, float]:
-    """GPUs asked by Ray work that is not placed, by kind (placement_group / actor).
-
-    A placement group in PENDING counts all its bundles; in RESCHEDULING only bundles that
-    lost their node. An actor counts when it is pending and belongs to no placement group
-    in the snapshot: an actor inside a group asks for the group's bundle, which is either
-    counted with the group (pending) or already reserved (created) - never twice.
-    """
-    by_kind = {"placement_group": 0.0, "actor": 0.0}
-    group_ids = {g.pg_id for g in snapshot.placement_groups}
-    for group in snapshot.placement_groups:
-        if group.state == "PENDING":
-            by_kind["placement_group"] += group.gpus
-        elif group.state == "RESCHEDULING":
-            by_kind["placement_group"] += sum(b.gpus for b in group.bundles if b.node_id is None)
-    for actor in snapshot.actors:
-        if actor.state not in PENDING_ACTOR_STATES or actor.num_gpus <= 0:
-            continue
-        if actor.placement_group_id is not None and actor.placement_group_id in group_ids:
-            continue
-        by_kind["actor"] += actor.num_gpus
-    return frozen_map(by_kind)
-
-
-def placement_group_counts(snapshot: RaySnapshot) -> Mapping[tuple[str, str], int]:
-    """Placement groups by (state, scheduling_state); "" where Ray gave no scheduling state."""
-    counts: dict[tuple[str, str], int] = {}
-    for group in snapshot.placement_groups:
-        key = (group.state, group.scheduling_state or "")
-        counts[key] = counts.get(key, 0) + 1
-    return frozen_map(counts)
-
-
-class PodNodes:
-    """Which live Ray node is a pod: node IP = pod IP, else node_name = pod name; the first
-    live node in Ray's order wins. Indexed once for all the pods of a node.
-
-    DEAD nodes are skipped: a restarted pod keeps its name (and may get its old IP back)
-    while Ray keeps the previous incarnation's node in its table.
-    """
-
-    def __init__(self, nodes: Iterable[RayNode]) -> None:
-        self._by_ip: dict[str, RayNode] = {}
-        self._by_name: dict[str, RayNode] = {}
-        for node in nodes:
-            if node.state != "ALIVE":
-                continue
-            if node.node_ip:
-                self._by_ip.setdefault(node.node_ip, node)
-            if node.hostname:
-                self._by_name.setdefault(node.hostname, node)
-
-    def of(self, pod_ip: str, pod_name: str) -> RayNode | None:
-        found = self._by_ip.get(pod_ip) if pod_ip else None
-        if found is None and pod_name:
-            found = self._by_name.get(pod_name)
-        return found
-
-
-def node_for_pod(nodes: Iterable[RayNode], pod_ip: str, pod_name: str) -> RayNode | None:
-    """The live Ray node that is this pod (see PodNodes)."""
-    return PodNodes(nodes).of(pod_ip, pod_name)

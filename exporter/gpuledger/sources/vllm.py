@@ -25,8 +25,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
-from urllib.parse import urlsplit
 
 import requests
 import urllib3.exceptions
@@ -34,7 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger import __version__
 from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
+from gpuledger.httpclient import safe_url
 from gpuledger.model import frozen_map
+from gpuledger.model.vllm import EngineMetrics, EngineScrape, EngineTarget, VllmSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,6 @@ REASONS: tuple[str, ...] = (
     "internal_error",  # a bug: contained to this target
 )
 
-Origin = Literal["static", "annotation", "prometheus_annotation"]
 
 DEFAULT_TIMEOUT_SECONDS = 5.0
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -182,54 +181,6 @@ class ExpositionError(ValueError):
 
     The message never quotes the text: an error page can carry tokens.
     """
-
-
-@dataclass(frozen=True)
-class EngineMetrics:
-    """What one vLLM engine (one data-parallel rank of one served model) reports."""
-
-    model_name: str
-    # Data-parallel rank, the `engine` label; engines that predate it are "0".
-    engine: str
-    requests_running: float | None = None
-    requests_waiting: float | None = None
-    # From vllm:num_requests_waiting_by_reason (0.20+): capacity / deferred; empty before.
-    waiting_by_reason: Mapping[str, float] = field(default_factory=frozen_map)
-    kv_cache_usage_ratio: float | None = None
-    preemptions_total: float | None = None
-    # Only CACHE_CONFIG_LABELS, as strings exactly as exposed.
-    cache_config: Mapping[str, str] = field(default_factory=frozen_map)
-
-
-@dataclass(frozen=True)
-class EngineTarget:
-    """One `/metrics` endpoint to scrape, with the identity the caller already knows."""
-
-    url: str
-    namespace: str = ""
-    pod: str = ""
-    pod_uid: str = ""
-    workload: str = ""
-    origin: Origin = "static"
-
-
-@dataclass(frozen=True)
-class EngineScrape:
-    """How one target fared in one cycle; `engines` is empty unless `up`."""
-
-    target: EngineTarget
-    up: bool
-    error_reason: str | None
-    error_message: str | None
-    engines: tuple[EngineMetrics, ...]
-    duration_seconds: float
-
-
-@dataclass(frozen=True)
-class VllmSnapshot:
-    """One scrape per target, in the order the targets were given."""
-
-    scrapes: tuple[EngineScrape, ...] = ()
 
 
 # --------------------------------------------------------------------------- parsing
@@ -478,20 +429,6 @@ def _order(key: tuple[str, str]) -> tuple[str, int, str]:
 
 
 # -------------------------------------------------------------------------- scraping
-
-
-def safe_url(url: str) -> str:
-    """The URL for messages: scheme, host, port and path only (no userinfo, query)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "<invalid url>"
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{host}:{port}" if port is not None else host
-    return f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else "<invalid url>"
 
 
 class _ScrapeFailed(Exception):

@@ -4,12 +4,11 @@
 `scripts/gen-podresources.sh` and committed, so the image needs no protoc.
 """
 
+from gpuledger.model.podresources import DeviceAllocation, PodResourcesSnapshot
 from gpuledger.sources.podresources.source import (
     DEFAULT_RESOURCE_NAMES,
     DEFAULT_SOCKET_PATH,
     SOURCE,
-    DeviceAllocation,
-    PodResourcesSnapshot,
     PodResourcesSource,
     ResourcePatterns,
 )

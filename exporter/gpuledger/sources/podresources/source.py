@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import grpc
 
 from gpuledger.identity.devices import strip_replica_suffix
+from gpuledger.model.podresources import DeviceAllocation, PodResourcesSnapshot
 from gpuledger.sources.base import SourceError
 from gpuledger.sources.podresources import api_pb2, api_pb2_grpc
 
@@ -76,34 +77,6 @@ class ResourcePatterns:
     def matches(self, resource_name: str) -> bool:
         # Resource names are case-sensitive in Kubernetes: compare as given.
         return resource_name in self.exact or resource_name.startswith(self.prefixes)
-
-
-@dataclass(frozen=True)
-class DeviceAllocation:
-    """One device the kubelet says it gave to one container."""
-
-    namespace: str
-    pod: str
-    container: str
-    resource: str  # e.g. nvidia.com/gpu, nvidia.com/mig-1g.10gb
-    device_id: str  # as the kubelet reports it, e.g. GPU-<uuid>::1
-    # device_id without a time-slicing/MPS replica suffix: the GPU or MIG UUID under the
-    # device plugin's default `uuid` strategy (an index under its `index` strategy).
-    gpu_uuid: str
-    # Ordinal of this GPU among the container's distinct GPUs (all matching resources), in
-    # the kubelet's list order. Replicas of one GPU share a position. CUDA itself numbers
-    # a container's devices in PCI order: the ledger resolves that with NVML.
-    position: int
-
-
-@dataclass(frozen=True)
-class PodResourcesSnapshot:
-    # Sorted by namespace, pod, container, position, device_id.
-    allocations: tuple[DeviceAllocation, ...]
-    # Device ids (as reported) of the matching resources the kubelet can allocate; None
-    # when the kubelet does not offer GetAllocatableResources (before 1.21, or its
-    # feature gate off before 1.23). That is a fact about the kubelet, not a failure.
-    allocatable: tuple[str, ...] | None
 
 
 def _sorted_groups(
