@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuledger.ledger.engines import VllmProcess, group_vllm_processes, parse_vllm_title
 from gpuledger.model.vllm import EngineMetrics
 from gpuledger.sources.procfs import ProcfsSource, parse_title
-from gpuledger.sources.vllm import parse_exposition
+from gpuledger.sources.vllm_metrics import parse_exposition
 
 VLLM_BIN_ENV = "GPULEDGER_VLLM_BIN"
 # "serve" (`vllm serve`), "module" (`python -m vllm.entrypoints.openai.api_server`) or

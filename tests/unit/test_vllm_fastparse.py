@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger.model import frozen_map
 from gpuledger.model.vllm import EngineMetrics
-from gpuledger.sources.vllm import (
+from gpuledger.sources.vllm_metrics import (
     CACHE_CONFIG_LABELS,
     MAX_ENGINES_PER_TARGET,
     MAX_WAITING_REASONS,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpuledger.model.vllm import EngineMetrics
 from gpuledger.sim.fake_vllm import FakeEngine, render_exposition
-from gpuledger.sources.vllm import (
+from gpuledger.sources.vllm_metrics import (
     CACHE_CONFIG_LABELS,
     MAX_ENGINES_PER_TARGET,
     ExpositionError,
