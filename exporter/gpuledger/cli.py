@@ -13,16 +13,20 @@ import threading
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpuledger import __version__
 from gpuledger.explain import ExplainError, explain, fetch_document, render_text
 from gpuledger.logs import setup_logging
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.server import Exporter, parse_listen, serve
-from gpuledger.sim.fake_nvml import FakeNvmlBuildError
-from gpuledger.sim.harness import PhaseClock, SimulatedNode, settled_document
-from gpuledger.sim.scenario import Scenario, ScenarioError, load_scenario
+
+# The simulator (and PyYAML, and the fake NVML's C build) is imported only inside the
+# commands that use it: `gpuledger serve` never loads gpuledger.sim
+# (tests/e2e/test_serve_imports.py).
+if TYPE_CHECKING:
+    from gpuledger.sim.harness import PhaseClock
+    from gpuledger.sim.scenario import Scenario
 
 log = logging.getLogger("gpuledger")
 
@@ -250,15 +254,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _scenario_document(path: str, phase: str | None) -> Mapping[str, Any] | None:
+    """The settled ledger of a simulated scenario; None (after saying why) if it cannot run."""
+    from gpuledger.sim.fake_nvml import FakeNvmlBuildError  # noqa: PLC0415 (see top)
+    from gpuledger.sim.harness import settled_document  # noqa: PLC0415
+    from gpuledger.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415
+
+    try:
+        return settled_document(load_scenario(path).at_phase(phase))
+    except (ScenarioError, FakeNvmlBuildError) as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return None
+
+
 def run_explain(args: argparse.Namespace) -> int:
     docs: list[Mapping[str, Any]] = []
     if args.scenario:
-        try:
-            scenario = load_scenario(args.scenario).at_phase(args.phase)
-            docs.append(settled_document(scenario))
-        except (ScenarioError, FakeNvmlBuildError) as exc:
-            print(f"gpuledger: error: {exc}", file=sys.stderr)
+        settled = _scenario_document(args.scenario, args.phase)
+        if settled is None:
             return EXIT_USAGE
+        docs.append(settled)
     for url in args.sources:
         try:
             docs.append(fetch_document(url))
@@ -328,6 +343,9 @@ def run_exporter(
 
 
 def run_simulation(scenario: Scenario, args: argparse.Namespace, banner: str | None) -> int:
+    from gpuledger.sim.fake_nvml import FakeNvmlBuildError  # noqa: PLC0415 (see top)
+    from gpuledger.sim.harness import PhaseClock, SimulatedNode  # noqa: PLC0415
+
     try:
         node = SimulatedNode(scenario)
     except FakeNvmlBuildError as exc:
@@ -432,6 +450,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_exporter(serve_config(args), args)
     if args.command == "explain":
         return run_explain(args)
+    return run_scenario_command(args)
+
+
+def run_scenario_command(args: argparse.Namespace) -> int:
+    """`demo` and `simulate`: the commands that load the simulator."""
+    from gpuledger.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415 (see top)
+
     path = demo_scenario_path() if args.command == "demo" else Path(args.file)
     try:
         scenario = load_scenario(path)

@@ -172,6 +172,19 @@ def test_install_runtime_into_a_fresh_venv(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert imported.stdout.strip().startswith(str(venv)), imported.stdout
+    # A plain install runs the simulator too: its C source, scenarios and PyYAML came along.
+    demo = subprocess.run(
+        [str(venv / "bin" / "gpuledger"), "demo", "--once"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={**_clean_env(), "GPULEDGER_CACHE_DIR": str(tmp_path / "cache")},
+        cwd=tmp_path,
+    )
+    assert demo.returncode == 0, demo.stderr
+    nvml_up = re.compile(r'^gpuledger_source_up\{[^}]*source="nvml"[^}]*\} 1(\.0)?$', re.M)
+    assert nvml_up.search(demo.stdout), demo.stdout[-2000:]
 
     listing = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json"],

@@ -57,6 +57,7 @@ def _import(name: str) -> ModuleType:
 
 _package_without_init("kubernetes")
 _package_without_init("kubernetes.config")
+_package_without_init("kubernetes.utils")  # its __init__ imports PyYAML; rest.py needs retry
 _client = _import("kubernetes.client")  # lazy by itself (kubernetes>=35): no models
 _api_client = _import("kubernetes.client.api_client")
 _configuration = _import("kubernetes.client.configuration")
