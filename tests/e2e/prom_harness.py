@@ -7,6 +7,7 @@ mixin's rules rendered so that every `for` is 0s.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -279,6 +280,17 @@ class PrometheusError(AssertionError):
     pass
 
 
+class _Transient(Exception):
+    """An API call that may succeed if tried again."""
+
+
+# One API call, retries included. Generous: on a loaded 2-core machine a query answered
+# past its 10 s timeout once, and failing there says nothing about the mixin.
+API_DEADLINE = 90.0
+ATTEMPT_TIMEOUT = 20.0
+_TRANSIENT_STATUS = {502, 503, 504}
+
+
 class Prometheus:
     """A real Prometheus server in a temporary directory."""
 
@@ -337,21 +349,42 @@ class Prometheus:
             time.sleep(0.2)
 
     def api(self, path: str, **params: str) -> Any:
+        """GET /api/v1/<path>: its `data`, retried until API_DEADLINE while Prometheus is
+        slow or briefly not answering (a loaded machine: one query once took over 10 s).
+        A query Prometheus rejects fails at once."""
         url = f"{self.base}/api/v1/{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
+        give_up = time.monotonic() + API_DEADLINE
+        while True:
+            try:
+                return self._api_once(url, f"{path} {params}", give_up)
+            except _Transient as exc:
+                assert self.proc.poll() is None, f"prometheus exited:\n{self.log_tail()}"
+                if time.monotonic() >= give_up:
+                    raise PrometheusError(
+                        f"{path} {params}: no answer in {API_DEADLINE:g}s: {exc}"
+                    ) from None
+                time.sleep(0.5)  # between attempts: Prometheus is busy, not down
+
+    def _api_once(self, url: str, what: str, give_up: float) -> Any:
+        timeout = max(1.0, min(ATTEMPT_TIMEOUT, give_up - time.monotonic()))
         try:
-            with urllib.request.urlopen(url, timeout=10) as r:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
                 doc = json.loads(r.read())
         except urllib.error.HTTPError as exc:
             doc = json.loads(exc.read() or b"{}")
-            raise PrometheusError(
-                f"{path} {params}: HTTP {exc.code}: {doc.get('errorType')}: {doc.get('error')}"
-            ) from None
+            message = f"HTTP {exc.code}: {doc.get('errorType')}: {doc.get('error')}"
+            if exc.code in _TRANSIENT_STATUS or doc.get("errorType") == "timeout":
+                raise _Transient(message) from None
+            raise PrometheusError(f"{what}: {message}") from None
+        except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:
+            # Refused, reset, timed out, cut short: the server is there but overloaded.
+            raise _Transient(f"{type(exc).__name__}: {exc}") from None
         if doc.get("status") != "success":
-            raise PrometheusError(f"{path} {params}: {doc}")
+            raise PrometheusError(f"{what}: {doc}")
         if doc.get("warnings"):
-            raise PrometheusError(f"{path} {params}: warnings {doc['warnings']}")
+            raise PrometheusError(f"{what}: warnings {doc['warnings']}")
         return doc["data"]
 
     def query(self, expr: str) -> list[dict[str, Any]]:
@@ -390,6 +423,22 @@ class Prometheus:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
             time.sleep(interval)
+
+    def rule_evaluations(self) -> dict[str, str]:
+        """`file group` -> when Prometheus last evaluated that rule group."""
+        groups = self.api("rules")["groups"]
+        return {f"{g['file']} {g['name']}": g["lastEvaluation"] for g in groups}
+
+    def wait_next_evaluation(self, timeout: float = 60.0) -> None:
+        """Until every rule group (recording rules and alerts) has been evaluated again
+        since this call: what a test waits for to see the rules' next answer."""
+        before = self.rule_evaluations()
+
+        def evaluated_again() -> bool:
+            now = self.rule_evaluations()
+            return all(now.get(group) != last for group, last in before.items())
+
+        self.wait_for("every rule group evaluated again", evaluated_again, timeout)
 
     def close(self) -> None:
         _stop(self.proc)

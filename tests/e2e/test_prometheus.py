@@ -213,13 +213,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prom.wait_for(
             "every target scraped",
             lambda: (h := prom.target_health()) and len(h) == 5 and set(h.values()) == {"up"},
-            timeout=30,
+            timeout=60,
         )
         # The rules have run on complete data: every workload of the scenarios has a stage.
         prom.wait_for(
             "a stage for every workload",
             lambda: len(prom.query("gpuledger:workload_stage:onehot == 1")) >= len(STAGES),
-            timeout=30,
+            timeout=60,
         )
         yield Stack(prom, started_wall, selector)
     finally:
@@ -285,12 +285,12 @@ def test_each_situation_fires_exactly_its_alert(stack: Stack) -> None:
         return not last
 
     try:
-        prom.wait_for("the expected alerts", settled, timeout=30)
+        prom.wait_for("the expected alerts", settled, timeout=60)
     except AssertionError:
         raise AssertionError("\n".join(last)) from None
-    # And it stays so over several more scrapes and evaluations.
+    # And it stays so over several more evaluations of every rule (a scrape each second).
     for _ in range(4):
-        time.sleep(1)
+        prom.wait_next_evaluation()
         assert _mismatches(_firing_by_namespace(prom)) == []
     # No alert is even pending (with `for: 0s` nothing should linger there).
     pending = [a["labels"] for a in prom.alerts("pending")]
@@ -476,6 +476,7 @@ def test_alert_appears_and_clears_as_the_scenario_moves_through_phases(stack: St
         prom.wait_for("e2e-evolving through its phases", observed, timeout=last_phase + 45)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; observed {seen}") from None
-    # And it stays recovered.
-    time.sleep(2)
+    # And it stays recovered over two more evaluations of every rule.
+    prom.wait_next_evaluation()
+    prom.wait_next_evaluation()
     assert observed(), seen

@@ -44,7 +44,11 @@ def test_hung_fetch_times_out_and_does_not_pile_up_threads() -> None:
         assert status.error_reason == "still_running"
     assert threading.active_count() == threads
     release.set()
-    time.sleep(0.1)
-    value, status = runner.run(lambda: 7)
-    assert value == 7 and status.up  # recovers once the hung call returns
+    # Recovers once the hung call returns: until then a run answers still_running.
+    give_up = time.monotonic() + 10
+    while (result := runner.run(lambda: 7))[1].error_reason == "still_running":
+        assert time.monotonic() < give_up, "the runner never noticed the hung call returned"
+        time.sleep(0.01)  # poll interval, not a wait for the thread
+    value, status = result
+    assert value == 7 and status.up
     runner.close()
