@@ -7,12 +7,10 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-import requests
-import urllib3.exceptions as u3
 
 from gpuledger.model.vllm import EngineScrape, EngineTarget, VllmSnapshot
 from gpuledger.sim.fake_vllm import FAULTS, FakeEngine, FakeVllmServer, Fault
-from gpuledger.sources.vllm import VllmScraper, _classify
+from gpuledger.sources.vllm import VllmScraper
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TIMEOUT = 0.5
@@ -86,7 +84,7 @@ def test_each_fault_fails_only_its_own_engine(servers: list[FakeVllmServer]) -> 
     targets += [EngineTarget(s.url, pod=fault) for fault, s in faulty.items()]
     with scraper(max_workers=len(targets)) as scrape:
         started = time.monotonic()
-        snapshot = scrape.fetch(targets)
+        snapshot = scrape.scrape(targets)
         elapsed = time.monotonic() - started
 
     assert elapsed < 5.0  # hung and slow engines are bounded by the timeout
@@ -111,14 +109,14 @@ def test_each_fault_fails_only_its_own_engine(servers: list[FakeVllmServer]) -> 
 
 def test_slow_within_the_timeout_is_fine(servers: list[FakeVllmServer]) -> None:
     server = serve(servers, "slow", slow_seconds=0.1)
-    result = only(scraper(timeout_seconds=3.0).fetch([EngineTarget(server.url)]))
+    result = only(scraper(timeout_seconds=3.0).scrape([EngineTarget(server.url)]))
     assert result.up, result.error_message
     assert result.duration_seconds >= 0.1
 
 
 def test_gzip_is_asked_for_and_decoded(servers: list[FakeVllmServer]) -> None:
     server = serve(servers)
-    result = only(scraper().fetch([EngineTarget(server.url)]))
+    result = only(scraper().scrape([EngineTarget(server.url)]))
     assert result.up
     assert server.last_content_encoding == "gzip"
     assert result.engines[0].requests_running == 7.0
@@ -127,7 +125,7 @@ def test_gzip_is_asked_for_and_decoded(servers: list[FakeVllmServer]) -> None:
 def test_cap_applies_to_decoded_bytes(servers: list[FakeVllmServer]) -> None:
     # Padding compresses ~1000:1, so the wire bytes stay far below the cap.
     server = serve(servers, "huge", huge_bytes=8 * CAP)
-    result = only(scraper().fetch([EngineTarget(server.url)]))
+    result = only(scraper().scrape([EngineTarget(server.url)]))
     assert server.last_content_encoding == "gzip"
     assert (result.up, result.error_reason) == (False, "too_large")
 
@@ -136,7 +134,7 @@ def test_declared_length_over_the_cap_is_refused_before_reading(
     servers: list[FakeVllmServer],
 ) -> None:
     server = serve(servers, gzip_enabled=False)
-    result = only(scraper(max_body_bytes=10_000).fetch([EngineTarget(server.url)]))
+    result = only(scraper(max_body_bytes=10_000).scrape([EngineTarget(server.url)]))
     assert server.last_content_encoding == "identity"
     assert result.error_reason == "too_large"
     assert result.error_message is not None and "10000 bytes" in result.error_message
@@ -144,18 +142,18 @@ def test_declared_length_over_the_cap_is_refused_before_reading(
 
 def test_huge_below_the_cap_parses(servers: list[FakeVllmServer]) -> None:
     server = serve(servers, "huge", huge_bytes=CAP // 2, gzip_enabled=False)
-    result = only(scraper().fetch([EngineTarget(server.url)]))
+    result = only(scraper().scrape([EngineTarget(server.url)]))
     assert result.up, result.error_message
 
 
 def test_no_targets_is_an_empty_snapshot() -> None:
-    assert scraper().fetch([]) == VllmSnapshot(())
+    assert scraper().scrape([]) == VllmSnapshot(())
 
 
 def test_not_vllm_for_candidates_and_declared_targets(servers: list[FakeVllmServer]) -> None:
     plain = serve(servers, engines=[])  # python/process series only, no vllm:
     garbage = serve(servers, "garbage")
-    snapshot = scraper().fetch(
+    snapshot = scraper().scrape(
         [
             EngineTarget(plain.url, origin="prometheus_annotation"),
             EngineTarget(plain.url, origin="static"),
@@ -177,7 +175,7 @@ def test_not_vllm_for_candidates_and_declared_targets(servers: list[FakeVllmServ
 def test_http_status_and_bad_urls(servers: list[FakeVllmServer]) -> None:
     server = serve(servers, path="/metrics")
     base = server.url.removesuffix("/metrics")
-    snapshot = scraper().fetch(
+    snapshot = scraper().scrape(
         [
             EngineTarget(base + "/not-metrics"),
             EngineTarget("127.0.0.1:8000/metrics"),  # no scheme
@@ -192,7 +190,7 @@ def test_messages_carry_no_body_no_userinfo_no_query(servers: list[FakeVllmServe
     failing = serve(servers, "http_500")
     secret_url = garbage.url.replace("http://", "http://admin:hunter2@") + "?token=sk-abc"
     other = failing.url + "?api_key=sk-def#frag"
-    snapshot = scraper().fetch([EngineTarget(secret_url), EngineTarget(other)])
+    snapshot = scraper().scrape([EngineTarget(secret_url), EngineTarget(other)])
     for result in snapshot.scrapes:
         message = result.error_message or ""
         for leaked in (
@@ -216,33 +214,33 @@ def test_faults_change_at_run_time(servers: list[FakeVllmServer]) -> None:
     server = serve(servers)
     scrape = scraper()
     target = [EngineTarget(server.url)]
-    assert only(scrape.fetch(target)).up
+    assert only(scrape.scrape(target)).up
 
     server.set_fault("refuse")  # model reloading: the port is closed
-    assert only(scrape.fetch(target)).error_reason == "refused"
+    assert only(scrape.scrape(target)).error_reason == "refused"
 
     server.set_fault("ok")  # listening again on the same port
     server.set_engines(
         [FakeEngine(MODEL, 0, running=1, waiting=99, waiting_by_reason={"deferred": 99})]
     )
-    result = only(scrape.fetch(target))
+    result = only(scrape.scrape(target))
     assert result.up
     (engine,) = result.engines
     assert engine.requests_waiting == 99.0
     assert dict(engine.waiting_by_reason) == {"deferred": 99.0}
 
     server.set_fault("http_500")
-    assert only(scrape.fetch(target)).error_reason == "http_500"
+    assert only(scrape.scrape(target)).error_reason == "http_500"
     scrape.close()
 
 
 def test_starting_refused_then_up(servers: list[FakeVllmServer]) -> None:
     server = serve(servers, "refuse")  # pod Running, engine not listening yet
     url = server.url
-    assert only(scraper().fetch([EngineTarget(url)])).error_reason == "refused"
+    assert only(scraper().scrape([EngineTarget(url)])).error_reason == "refused"
     server.set_fault("ok")
     assert server.url == url
-    assert only(scraper().fetch([EngineTarget(url)])).up
+    assert only(scraper().scrape([EngineTarget(url)])).up
 
 
 def test_old_style_engine_scrapes_like_a_new_one(servers: list[FakeVllmServer]) -> None:
@@ -250,7 +248,7 @@ def test_old_style_engine_scrapes_like_a_new_one(servers: list[FakeVllmServer]) 
         servers,
         engines=[FakeEngine(MODEL, running=4, waiting=2, kv_cache_usage=0.25, style="0.10")],
     )
-    (engine,) = only(scraper().fetch([EngineTarget(old.url)])).engines
+    (engine,) = only(scraper().scrape([EngineTarget(old.url)])).engines
     assert (engine.engine, engine.requests_running, engine.kv_cache_usage_ratio) == ("0", 4.0, 0.25)
 
 
@@ -259,7 +257,7 @@ def test_stop_leaves_no_threads_even_with_a_hung_client(servers: list[FakeVllmSe
     server = FakeVllmServer(fault="hang").start()
     # A client still waiting when the server stops: stop() must not wait on it forever.
     holder = threading.Thread(
-        target=lambda: scraper(timeout_seconds=30).fetch([EngineTarget(server.url)])
+        target=lambda: scraper(timeout_seconds=30).scrape([EngineTarget(server.url)])
     )
     holder.start()
     assert wait_for(lambda: server.requests_served == 1)
@@ -280,26 +278,8 @@ def test_many_engines_concurrently_with_a_small_pool(servers: list[FakeVllmServe
     good = [serve(servers, engines=[FakeEngine(f"m{i}", 0, running=i)]) for i in range(6)]
     hung = [serve(servers, "hang") for _ in range(2)]
     targets = [EngineTarget(s.url) for s in good + hung]
-    snapshot = scraper(max_workers=3).fetch(targets)
+    snapshot = scraper(max_workers=3).scrape(targets)
     assert [s.up for s in snapshot.scrapes] == [True] * 6 + [False] * 2
     assert [s.engines[0].requests_running for s in snapshot.scrapes[:6]] == [
         float(i) for i in range(6)
     ]
-
-
-def test_failure_classification_uses_types_only() -> None:
-    def wrapped(reason: BaseException) -> requests.exceptions.ConnectionError:
-        return requests.exceptions.ConnectionError(u3.MaxRetryError(None, "/", reason))  # type: ignore[arg-type]
-
-    dns = u3.NameResolutionError("engine.invalid", None, OSError("no such host"))  # type: ignore[arg-type]
-    assert _classify(wrapped(dns)) == "unreachable"  # not "timeout", despite urllib3's MRO
-    assert _classify(wrapped(u3.ConnectTimeoutError("slow"))) == "timeout"
-    assert (
-        _classify(
-            requests.exceptions.ConnectionError(u3.ProtocolError("reset", ConnectionResetError()))
-        )
-        == "unreachable"
-    )
-    assert _classify(u3.DecodeError("bad gzip")) == "garbage"
-    assert _classify(requests.exceptions.SSLError("cert")) == "tls_error"
-    assert _classify(requests.exceptions.TooManyRedirects()) == "too_many_redirects"

@@ -290,8 +290,10 @@ PARENT_CYCLE = """
 import sys
 from gpuledger.identity.cgroup import parse_cgroup_file
 from gpuledger.ledger import build_ledger
-from gpuledger.model import Gpu, GpuProcess, NvmlSnapshot, ProcessInfo, ProcSnapshot, frozen_map
-from gpuledger.sources.vllm import EngineScrape, EngineTarget, VllmSnapshot
+from gpuledger.model import Snapshots, frozen_map
+from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
+from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
+from gpuledger.model.vllm import VLLM, EngineScrape, EngineTarget, VllmSnapshot
 
 case = sys.argv[1]
 uid, cid = "74747474-0000-4000-8000-747474747474", "d" * 64
@@ -310,8 +312,8 @@ nvml = NvmlSnapshot("550", (Gpu(0, gpu, "H100", "00000000:18:00.0", True,
                                 memory_total_bytes=2**36, processes=(GpuProcess(100, 2**30),)),))
 scrape = EngineScrape(EngineTarget("http://10.0.0.1:8000/metrics", pod_uid=uid), False,
                       "refused", "refused", (), 0.0)
-build_ledger(node="n1", mode="node", taken_at=0.0, nvml=nvml, procs=ProcSnapshot(procs),
-             sources=(), vllm=VllmSnapshot((scrape,)))
+bundle = Snapshots({NVML: nvml, PROCESSES: ProcSnapshot(procs), VLLM: VllmSnapshot((scrape,))})
+build_ledger(bundle, node="n1", mode="node", taken_at=0.0)
 print("joined")
 """
 

@@ -32,8 +32,9 @@ from gpuledger.ledger.ray import (
     pending_gpus,
     placement_group_counts,
 )
-from gpuledger.model import SourceStatus
-from gpuledger.model.nvml import Gpu, GpuProcess, NvmlSnapshot
+from gpuledger.model import Snapshots, SourceStatus
+from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
+from gpuledger.model.procfs import PROCESSES
 from gpuledger.model.vllm import EngineTarget
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
 from gpuledger.sim.fake_kubelet import FakeKubelet
@@ -557,18 +558,14 @@ def test_procfs_any_files_then_the_join(
             filled = data.replace(b"{pid}", str(pid).encode())
             (base / name).write_bytes(filled.replace(b"{parent}", str(pid - 1).encode()))
     try:
-        procs = ProcfsSource(str(root)).fetch(pids)
+        procs = ProcfsSource(str(root)).read(pids)
     except SourceError as exc:
         assert exc.reason == "pids_not_visible"
         return
-    ledger = build_ledger(
-        node="n1",
-        mode="node",
-        taken_at=0.0,
-        nvml=_nvml_snapshot(pids),
-        procs=procs,
-        sources=(SourceStatus("procfs", True, 0.0),),
+    bundle = Snapshots(
+        {NVML: _nvml_snapshot(pids), PROCESSES: procs}, (SourceStatus("procfs", True, 0.0),)
     )
+    ledger = build_ledger(bundle, node="n1", mode="node", taken_at=0.0)
     text = repr(ledger)
     assert SECRET not in text, "a value outside the whitelist reached the ledger"
     for process in ledger.processes:

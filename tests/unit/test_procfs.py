@@ -82,7 +82,7 @@ def test_walks_ancestors_and_tolerates_missing_files(tmp_path: Path) -> None:
     _proc(tmp_path, 30, 20, cmdline=b"VLLM::Worker_TP0\0", cgroup=b"0::/\n")
     _proc(tmp_path, 20, 10, cmdline=b"VLLM::EngineCore\0")  # no cgroup, no environ
     # pid 10 (the parent) has vanished.
-    snap = ProcfsSource(str(tmp_path)).fetch([30, 999])
+    snap = ProcfsSource(str(tmp_path)).read([30, 999])
     assert set(snap.processes) == {30, 20}
     assert snap.processes[30].ppid == 20
     assert snap.processes[20].title == "VLLM::EngineCore"
@@ -92,4 +92,4 @@ def test_walks_ancestors_and_tolerates_missing_files(tmp_path: Path) -> None:
 def test_parent_loop_terminates(tmp_path: Path) -> None:
     _proc(tmp_path, 5, 6)
     _proc(tmp_path, 6, 5)
-    assert set(ProcfsSource(str(tmp_path)).fetch([5]).processes) == {5, 6}
+    assert set(ProcfsSource(str(tmp_path)).read([5]).processes) == {5, 6}

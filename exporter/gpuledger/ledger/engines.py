@@ -185,6 +185,16 @@ def _config(group: _ProcessGroup | None, metrics: EngineMetrics | None) -> Mappi
     return frozen_map(config)
 
 
+def known_engine_ids(engines: Sequence[Engine]) -> Mapping[str, Sequence[tuple[str, str]]]:
+    """Target URL -> the (model_name, engine) pairs it served, from a previous ledger.
+    A target that never answered has none: it stays one engine with empty names."""
+    known: dict[str, list[tuple[str, str]]] = {}
+    for engine in engines:
+        if engine.model_name or engine.engine:
+            known.setdefault(engine.url, []).append((engine.model_name, engine.engine))
+    return known
+
+
 def build_engines(
     snapshot: VllmSnapshot | None,
     procs: Mapping[int, ProcessInfo],
@@ -242,5 +252,5 @@ def _engines_of(
 
     if scrape.up:
         return [engine(m.model_name, m.engine, m) for m in scrape.engines]
-    previous = known.get(target.url) or [("", "")]
+    previous = known.get(url) or [("", "")]
     return [engine(model, rank, None) for model, rank in previous]

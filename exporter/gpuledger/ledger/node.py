@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from gpuledger.identity.devices import HostGpu, container_device_map
-from gpuledger.ledger.engines import Engine, build_engines
-from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_local
+from gpuledger.ledger.engines import Engine, build_engines, known_engine_ids
+from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.tree import ancestors
-from gpuledger.model import SourceStatus
-from gpuledger.model.kubernetes import PodInfo, PodsSnapshot
-from gpuledger.model.nvml import Gpu, NvmlSnapshot
-from gpuledger.model.podresources import PodResourcesSnapshot
-from gpuledger.model.procfs import ProcessInfo, ProcSnapshot
-from gpuledger.model.ray import RayNode, RaySnapshot
-from gpuledger.model.vllm import VllmSnapshot
+from gpuledger.model import Snapshots, SourceStatus
+from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
+from gpuledger.model.nvml import NVML, Gpu
+from gpuledger.model.podresources import PODRESOURCES, PodResourcesSnapshot
+from gpuledger.model.procfs import PROCESSES, ProcessInfo
+from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL
+from gpuledger.model.vllm import VLLM
 
 SHORT_ID = 12  # container ID length people know from `crictl ps` / `docker ps`
 _TERMINATED = frozenset({"Succeeded", "Failed"})
@@ -329,21 +329,25 @@ def _pod_states(pods: PodsSnapshot | None) -> tuple[PodState, ...]:
 
 
 def build_ledger(
+    snapshots: Snapshots,
+    previous: Ledger | None = None,
     *,
     node: str,
     mode: str,
     taken_at: float,
-    nvml: NvmlSnapshot | None,
-    procs: ProcSnapshot | None,
-    sources: Sequence[SourceStatus],
-    pods: PodsSnapshot | None = None,
-    podresources: PodResourcesSnapshot | None = None,
-    vllm: VllmSnapshot | None = None,
-    known_engines: Mapping[str, Sequence[tuple[str, str]]] | None = None,
-    pending: PodsSnapshot | None = None,
-    ray_local: Sequence[tuple[RaySnapshot, RayNode, PodInfo | None]] | None = None,
-    ray_cluster: RayCluster | None = None,
 ) -> Ledger:
+    """Join one cycle's snapshots. `previous` is the last cycle's ledger: an engine that
+    stops answering keeps the identity it had there (its series go to up=0, not away)."""
+    node_mode = mode == "node"
+    nvml = snapshots.get(NVML)
+    procs = snapshots.get(PROCESSES)
+    pods = snapshots.get(PODS) if node_mode else None
+    pending = None if node_mode else snapshots.get(PODS)
+    podresources = snapshots.get(PODRESOURCES)
+    vllm = snapshots.get(VLLM)
+    ray_local = snapshots.get(RAY_LOCAL) if node_mode else None
+    ray_cluster = None if node_mode else _ray_cluster(snapshots)
+    sources = snapshots.statuses
     gpus = nvml.gpus if nvml else ()
     host = host_gpus(gpus)
     process_table: Mapping[int, ProcessInfo] = procs.processes if procs else {}
@@ -437,12 +441,22 @@ def build_ledger(
             usage_known=nvml is not None and procs is not None,
         ),
         pods=_pod_states(pods),
-        engines=build_engines(vllm, process_table, gpu_by_pid, known_engines or {}),
+        engines=build_engines(
+            vllm,
+            process_table,
+            gpu_by_pid,
+            known_engine_ids(previous.engines) if previous is not None else {},
+        ),
         pending=tuple(sorted(pending.pods, key=lambda p: (p.namespace, p.name)) if pending else ()),
         unknowns=_unknowns(sources),
         ray=ray,
         ray_cluster=ray_cluster,
     )
+
+
+def _ray_cluster(snapshots: Snapshots) -> RayCluster | None:
+    found = snapshots.get(RAY_CLUSTER)
+    return build_ray_cluster(found.state, found.namespace, found.workload) if found else None
 
 
 _MISSING = {

@@ -15,7 +15,7 @@ from typing import Final
 from gpuledger.model import frozen_map
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.procfs import ProcessInfo
-from gpuledger.model.ray import RayActor, RayNode, RaySnapshot
+from gpuledger.model.ray import LocalRayNode, RayActor, RayNode, RaySnapshot
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class HostPids:
 
 
 def build_ray_local(
-    snapshots: Sequence[tuple[RaySnapshot, RayNode, PodInfo | None]],
+    snapshots: Sequence[LocalRayNode],
     procs: Mapping[int, ProcessInfo] | None,
     memory_by_pid: Mapping[int, Sequence[tuple[str, int | None]]],
     allocated_by_pod: Mapping[str, int] | None,
@@ -99,7 +99,8 @@ def build_ray_local(
     actor_gpus: list[RayActorGpus] = []
     actor_memory: list[RayActorMemory] = []
     host_pids = HostPids(procs) if procs is not None else None
-    for snapshot, node, pod in snapshots:
+    for local in snapshots:
+        snapshot, node, pod = local.snapshot, local.node, local.pod
         allocated = (
             allocated_by_pod.get(pod.uid, 0) if allocated_by_pod is not None and pod else None
         )

@@ -104,6 +104,16 @@ class LocalRayNode:
     pod: PodInfo | None  # None outside Kubernetes
 
 
+@dataclass(frozen=True)
+class RayClusterSnapshot:
+    """Cluster mode: the whole Ray cluster, and the workload its unplaced work is
+    attributed to (configured: the state API does not know its Kubernetes owner)."""
+
+    state: RaySnapshot
+    namespace: str
+    workload: str
+
+
 # Node mode: the Ray nodes on this node. Cluster mode: the whole cluster's state.
 RAY_LOCAL: Key[tuple[LocalRayNode, ...]] = Key("ray")
-RAY_CLUSTER: Key[RaySnapshot] = Key("ray")
+RAY_CLUSTER: Key[RayClusterSnapshot] = Key("ray")

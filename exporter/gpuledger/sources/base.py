@@ -1,14 +1,21 @@
-"""Running a source under a deadline, turning every failure into a SourceStatus."""
+"""The source interface, and running a source under a deadline.
+
+A source has a name (its Key's), declares the earlier snapshots it reads (`needs`), and
+returns one typed snapshot from `fetch`. The pipeline runs sources in dependency order,
+each in its own thread under its own deadline; every failure becomes a SourceStatus.
+See docs/design.md, "Sources".
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
 
-from gpuledger.model import SourceStatus
+from gpuledger.model import Key, Snapshots, SourceStatus
 
 T = TypeVar("T")
 
@@ -28,6 +35,50 @@ class SourceError(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+class Source(ABC, Generic[T]):
+    """One source of the ledger: a name, what it reads first, one snapshot per cycle."""
+
+    # What it produces; `key.name` is the `source` label of its self-metrics.
+    key: Key[T]
+    # Snapshots of earlier sources it reads from `fetch`'s inputs. The pipeline runs it
+    # after them; a needed source that failed gives None, which the fetch must handle.
+    needs: tuple[Key[Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.key.name
+
+    @abstractmethod
+    def fetch(self, inputs: Snapshots) -> T:
+        """One snapshot. Raises SourceError for failures it understands."""
+
+    def warm_up(self, timeout_seconds: float) -> None:
+        """Begin background work (a watch) and give it up to `timeout_seconds`, so the
+        first snapshot already has its data."""
+
+    def fallback(self) -> T | None:
+        """The best knowledge when `fetch` fails (a cache), or None."""
+        return None
+
+    def item_errors(self, snapshot: T) -> Iterable[str]:
+        """Reasons of parts that failed inside a successful fetch (one engine of many):
+        counted in errors_total without marking the whole source down."""
+        return ()
+
+    def close(self) -> None:
+        """Release connections and threads."""
+
+
+class NotConfigured(Source[Any]):
+    """A source this exporter was not configured for: reported, never fetched."""
+
+    def __init__(self, key: Key[Any]) -> None:
+        self.key = key
+
+    def fetch(self, inputs: Snapshots) -> Any:
+        raise AssertionError("a source that is not configured is never fetched")
 
 
 class SourceRunner(Generic[T]):

@@ -49,14 +49,13 @@ from gpuledger.identity.scheduling import (
     pod_scheduled_condition,
     workload_of,
 )
-from gpuledger.model import frozen_map
-from gpuledger.model.kubernetes import PodInfo, PodsSnapshot
+from gpuledger.model import Snapshots, frozen_map
+from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.sources import kubeapi
-from gpuledger.sources.base import SourceError
+from gpuledger.sources.base import Source, SourceError
 from gpuledger.sources.kubeapi import ApiException
 
 __all__ = [
-    "SOURCE",
     "InformerStats",
     "Mode",
     "PodInfo",
@@ -69,7 +68,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOURCE = "kubernetes"
 Mode = Literal["node", "cluster"]
 
 _HTTP_GONE = 410
@@ -280,7 +278,7 @@ def _describe_error(exc: BaseException, host: str) -> tuple[str, str]:
 # --- the informer ---
 
 
-class PodInformer:
+class PodInformer(Source[PodsSnapshot]):
     """Pods cached from list + watch in a background thread; `fetch()` reads the cache.
 
     `api_client` (a `kubernetes.client.ApiClient`) is for tests and embedding; otherwise
@@ -346,6 +344,8 @@ class PodInformer:
         self._host = "(not configured)"
         self._resource_version: str | None = None
 
+    key = PODS
+
     # -- public API --
 
     def start(self) -> None:
@@ -375,7 +375,7 @@ class PodInformer:
         ):
             self._client.close()
 
-    def fetch(self) -> PodsSnapshot:
+    def fetch(self, inputs: Snapshots | None = None) -> PodsSnapshot:
         """The cached pods; starts the informer on first use. Never touches the network.
 
         Raises SourceError while the last list/watch attempt failed (reason from the
@@ -391,6 +391,19 @@ class PodInformer:
                     "not_synced", "waiting for the first pod list from the Kubernetes API"
                 )
             return PodsSnapshot(self._pods_tuple(), synced=True)
+
+    def warm_up(self, timeout_seconds: float) -> None:
+        if not self.wait_synced(timeout_seconds):
+            log.info("pod informer not synced after %gs; continuing", timeout_seconds)
+
+    def fallback(self) -> PodsSnapshot | None:
+        # After a first list, the cache is still the best knowledge of pod identities
+        # while the API server is away. The source stays down and its last-success
+        # timestamp ages, so the staleness is visible.
+        return self.cached() if self.stats().lists else None
+
+    def close(self) -> None:
+        self.stop()
 
     def cached(self) -> PodsSnapshot:
         """The cache even while the source is down (`synced=False` then); never raises."""

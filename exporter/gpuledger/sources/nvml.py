@@ -14,12 +14,12 @@ from typing import Any
 
 import pynvml
 
-from gpuledger.model.nvml import Gpu, GpuProcess, NvmlSnapshot
-from gpuledger.sources.base import SourceError
+from gpuledger.model import Snapshots
+from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
+from gpuledger.sources.base import Source, SourceError
 
 log = logging.getLogger(__name__)
 
-SOURCE = "nvml"
 # pynvml keeps its library handle in module globals: one NVML per process.
 _load_lock = threading.Lock()
 
@@ -47,14 +47,16 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-class NvmlSource:
+class NvmlSource(Source[NvmlSnapshot]):
+    key = NVML
+
     def __init__(self, library_path: str | None = None) -> None:
         self.library_path = library_path
         self._initialised = False
         # Static facts survive a lost GPU: NVML may stop answering even for its UUID.
         self._uuid_by_index: dict[int, str] = {}
 
-    def fetch(self) -> NvmlSnapshot:
+    def fetch(self, inputs: Snapshots | None = None) -> NvmlSnapshot:
         self._ensure_initialised()
         try:
             count = pynvml.nvmlDeviceGetCount()

@@ -16,13 +16,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gpuledger.identity.cgroup import NO_IDENTITY, parse_cgroup_file
-from gpuledger.model import frozen_map
-from gpuledger.model.procfs import ProcessInfo, ProcSnapshot
-from gpuledger.sources.base import SourceError
+from gpuledger.model import Snapshots, frozen_map
+from gpuledger.model.nvml import NVML
+from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
+from gpuledger.sources.base import Source, SourceError
 
 log = logging.getLogger(__name__)
 
-SOURCE = "procfs"
 
 # Identity rule 5: the only environment variables ever read. Documented in docs/security.md.
 ALLOWED_ENV = frozenset(
@@ -145,12 +145,21 @@ def parse_environ(raw: bytes) -> dict[str, str]:
     return kept
 
 
-class ProcfsSource:
+class ProcfsSource(Source[ProcSnapshot]):
+    """The GPU processes NVML reports, and their ancestors."""
+
+    key = PROCESSES
+    needs = (NVML,)
+
     def __init__(self, proc_root: str = "/proc") -> None:
         self.root = Path(proc_root)
         self._root = str(self.root)
 
-    def fetch(self, pids: Iterable[int]) -> ProcSnapshot:
+    def fetch(self, inputs: Snapshots) -> ProcSnapshot:
+        gpus = nvml.gpus if (nvml := inputs.get(NVML)) else ()
+        return self.read(p.pid for gpu in gpus for p in gpu.processes)
+
+    def read(self, pids: Iterable[int]) -> ProcSnapshot:
         if not self.root.is_dir():
             raise SourceError("proc_root_missing", f"proc root {str(self.root)!r} does not exist")
         found: dict[int, ProcessInfo] = {}

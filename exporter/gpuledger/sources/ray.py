@@ -1,4 +1,4 @@
-"""Ray source: the dashboard's HTTP state API, read with `requests`.
+"""Ray source: the dashboard's HTTP state API, read with gpuledger/httpclient.py.
 
 The exporter never imports `ray` (far too heavy for the DaemonSet image); it speaks the
 dashboard's JSON instead:
@@ -27,26 +27,28 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
+import socket
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-import requests
-import urllib3.exceptions
-
-from gpuledger import __version__
-from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
-from gpuledger.model import frozen_map
+from gpuledger.httpclient import HttpClient, HttpError, safe_url
+from gpuledger.identity.raynodes import PodNodes
+from gpuledger.model import Snapshots, frozen_map
+from gpuledger.model.kubernetes import PODS, PodInfo
 from gpuledger.model.ray import (
     GPU,
+    RAY_CLUSTER,
+    RAY_LOCAL,
+    LocalRayNode,
     RayActor,
     RayBundle,
+    RayClusterSnapshot,
     RayNode,
     RayPlacementGroup,
     RaySnapshot,
 )
-from gpuledger.sources.base import SourceError
+from gpuledger.sources.base import Source, SourceError
 
 T = TypeVar("T")
 
@@ -389,19 +391,6 @@ def _parse_all(
 # --------------------------------------------------------------------------- client
 
 
-def safe_url(url: str) -> str:
-    """The URL without userinfo, query or fragment: fit for messages and logs."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{host}:{parts.port}" if parts.port else host
-    except ValueError:
-        return "<invalid URL>"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
 def _base_url(address: str) -> str:
     text = address.strip()
     if "://" not in text:
@@ -418,33 +407,12 @@ def _base_url(address: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
-def _has_cause(exc: BaseException, *types: type[BaseException]) -> bool:
-    """Whether `exc` or anything it wraps is one of `types`.
-
-    requests wraps urllib3, which wraps the OSError: through args, `.reason`, and the
-    cause/context chain, depending on the layer.
-    """
-    pending: list[BaseException] = [exc]
-    seen: set[int] = set()
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, types):
-            return True
-        linked = [*current.args, getattr(current, "reason", None)]
-        linked += [current.__cause__, current.__context__]
-        pending.extend(x for x in linked if isinstance(x, BaseException))
-    return False
-
-
 class RayStateClient:
     """Reads Ray's state API. Every failure is a SourceError; nothing else escapes.
 
-    One client per `--ray-address`; it keeps one HTTP session (keep-alive) and is used
-    from one thread at a time (the source runner's). `timeout_seconds` bounds each
-    request: connecting, every read, and the whole body; fetch_cluster makes four.
+    One client per `--ray-address`, used from one thread at a time (the source
+    runner's). `timeout_seconds` is each request's deadline from connect to last byte
+    (gpuledger/httpclient.py); fetch_cluster makes four.
     """
 
     def __init__(
@@ -459,25 +427,25 @@ class RayStateClient:
         self.timeout_seconds = timeout_seconds
         self.limit = limit
         self.max_response_bytes = max_response_bytes
-        self._headers = {
-            "Accept": "application/json",
-            "User-Agent": f"gpuledger/{__version__}",
-        }
+        self._headers = {"Accept": "application/json"}
         # The file may end in a newline; the token itself never reaches a log or message.
         secret = (token or "").strip()
         if secret:
             self._headers["Authorization"] = f"Bearer {secret}"
-        self._session = requests.Session()
-        # No proxies or ~/.netrc from the environment: the dashboard is in-cluster, and a
-        # netrc entry would silently replace the Authorization header.
-        self._session.trust_env = False
+        # No redirects: the token must never be replayed to another host.
+        self._http = HttpClient(
+            deadline_seconds=timeout_seconds,
+            max_body_bytes=max_response_bytes,
+            headers=self._headers,
+            max_redirects=0,
+        )
         self._nodes_memo: tuple[bytes, tuple[tuple[RayNode, ...], tuple[str, ...]]] | None = None
 
     def __repr__(self) -> str:
         return f"RayStateClient({safe_url(self.base_url)!r})"
 
     def close(self) -> None:
-        self._session.close()
+        """Nothing held between requests: each opens and closes its own connection."""
 
     # ---- public fetches
 
@@ -619,31 +587,13 @@ class RayStateClient:
         """The raw answer: (body, HTTP status, the URL fit for messages)."""
         url = self.base_url + path
         where = safe_url(url)
-        deadline = time.monotonic() + self.timeout_seconds
         try:
-            # The query is encoded here: requests' own params handling runs a runtime
-            # Protocol isinstance check per request, a tenth of a small answer's cost.
-            response = self._session.get(
-                f"{url}?{urlencode(params)}" if params else url,
-                headers=self._headers,
-                timeout=(self.timeout_seconds, self.timeout_seconds),
-                stream=True,
-                allow_redirects=False,  # never replay the token to another host
-            )
-        except requests.RequestException as exc:
+            response = self._http.get(f"{url}?{urlencode(params)}" if params else url)
+        except HttpError as exc:
             raise self._transport_error(exc, where) from None
-        with response:
-            status = response.status_code
-            if status in (401, 403):
-                raise self._unauthorized(status, where)
-            try:
-                body = self._read(response, deadline, where)
-            except requests.RequestException as exc:
-                raise self._transport_error(exc, where) from None
-            except urllib3.exceptions.HTTPError as exc:
-                # Read straight from urllib3 (gpuledger.bounded): its errors are not wrapped.
-                raise self._body_error(exc, where) from None
-        return body, status, where
+        if response.status in (401, 403):
+            raise self._unauthorized(response.status, where)
+        return response.body, response.status, where
 
     def _decode(self, body: bytes, status: int, where: str) -> Any:
         try:
@@ -655,30 +605,6 @@ class RayStateClient:
         if status != 200 and not (isinstance(payload, Mapping) and payload.get("result") is False):
             raise SourceError("http_error", f"HTTP {status} from {where}")
         return payload
-
-    def _read(self, response: requests.Response, deadline: float, where: str) -> bytes:
-        declared = response.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_response_bytes:
-            raise self._too_large(where)
-        try:
-            return read_bounded(response.raw, self.max_response_bytes, deadline)
-        except BodyTooLarge:
-            raise self._too_large(where) from None
-        except BodyTimedOut:
-            raise SourceError(
-                "timeout", f"{where} took longer than {self.timeout_seconds:g}s to answer"
-            ) from None
-
-    def _body_error(self, exc: urllib3.exceptions.HTTPError, where: str) -> SourceError:
-        if isinstance(exc, urllib3.exceptions.TimeoutError) and not isinstance(
-            exc, urllib3.exceptions.NewConnectionError
-        ):
-            return SourceError(
-                "timeout", f"no answer from {where} within {self.timeout_seconds:g}s"
-            )
-        if isinstance(exc, urllib3.exceptions.ProtocolError | urllib3.exceptions.DecodeError):
-            return SourceError("bad_response", f"{where} sent a truncated or undecodable body")
-        return SourceError("unreachable", f"request to {where} failed: {type(exc).__name__}")
 
     def _too_large(self, where: str) -> SourceError:
         mib = self.max_response_bytes / (1024 * 1024)
@@ -698,34 +624,100 @@ class RayStateClient:
             "with RAY_AUTH_MODE=disabled",
         )
 
-    def _transport_error(self, exc: requests.RequestException, where: str) -> SourceError:
-        # Only the exception type reaches the message: its text can quote URLs or bodies.
-        # A stall mid-body surfaces as a ConnectionError wrapping urllib3's read timeout.
-        # (Not urllib3's TimeoutError base: NewConnectionError, i.e. refused, is one too.)
-        if isinstance(exc, requests.exceptions.Timeout) or _has_cause(
-            exc, TimeoutError, urllib3.exceptions.ReadTimeoutError
-        ):
+    def _transport_error(self, exc: HttpError, where: str) -> SourceError:
+        if exc.reason == "timeout":
             return SourceError(
-                "timeout", f"no answer from {where} within {self.timeout_seconds:g}s"
+                "timeout", f"no complete answer from {where} within {self.timeout_seconds:g}s"
             )
-        if isinstance(
-            exc, requests.exceptions.ChunkedEncodingError | requests.exceptions.ContentDecodingError
-        ):
+        if exc.reason == "too_large":
+            return self._too_large(where)
+        if exc.reason in ("truncated", "garbage"):
             return SourceError("bad_response", f"{where} sent a truncated or undecodable body")
-        if isinstance(exc, requests.exceptions.ConnectionError):
-            detail = (
-                "connection refused"
-                if _has_cause(exc, ConnectionRefusedError)
-                else type(exc).__name__
-            )
-            return SourceError(
-                "unreachable", f"cannot reach the Ray dashboard at {where}: {detail}"
-            )
-        if isinstance(exc, requests.exceptions.InvalidURL | requests.exceptions.MissingSchema):
+        if exc.reason == "invalid_url":
             return SourceError("invalid_address", f"invalid Ray dashboard URL {where}")
-        return SourceError("unreachable", f"request to {where} failed: {type(exc).__name__}")
+        detail = "connection refused" if exc.reason == "refused" else exc.reason.replace("_", " ")
+        return SourceError("unreachable", f"cannot reach the Ray dashboard at {where}: {detail}")
 
 
 # --------------------------------------------------------------------------- pure helpers
 
 
+# --------------------------------------------------------------------------- sources
+
+
+def local_ray_nodes(
+    nodes: Sequence[RayNode], pods: Sequence[PodInfo] | None
+) -> list[tuple[RayNode, PodInfo | None]]:
+    """The Ray nodes that run here: pods on this node (by IP, else name), or, outside
+    Kubernetes, the node with this host's name (or the only node)."""
+    if pods is not None:
+        index = PodNodes(nodes)
+        found: list[tuple[RayNode, PodInfo | None]] = []
+        for pod in pods:
+            if pod.phase == "Running" and pod.pod_ip:
+                match = index.of(pod.pod_ip, pod.name)
+                if match is not None:
+                    found.append((match, pod))
+        return found
+    alive = [n for n in nodes if n.state == "ALIVE"]
+    here = socket.gethostname()
+    mine = [n for n in alive if n.hostname == here]
+    return [(n, None) for n in (mine or (alive if len(alive) == 1 else []))]
+
+
+class RayLocalSource(Source[tuple[LocalRayNode, ...]]):
+    """Node mode: the Ray nodes on this node, each with its own actors."""
+
+    key = RAY_LOCAL
+    needs = (PODS,)
+
+    def __init__(self, client: RayStateClient) -> None:
+        self.client = client
+
+    def fetch(self, inputs: Snapshots) -> tuple[LocalRayNode, ...]:
+        pods_snapshot = inputs.get(PODS)
+        pods = pods_snapshot.pods if pods_snapshot is not None else None
+        chosen: list[tuple[RayNode, PodInfo | None]] = []
+
+        def select(nodes: tuple[RayNode, ...]) -> list[str]:
+            chosen.extend(local_ray_nodes(nodes, pods))
+            return [node.node_id for node, _ in chosen]
+
+        snapshot = self.client.fetch_local(select)
+        # The snapshot's copies of the chosen nodes carry their availability.
+        by_id = {node.node_id: node for node in snapshot.nodes}
+        actors_by_node: dict[str | None, list[RayActor]] = {}
+        for actor in snapshot.actors:
+            actors_by_node.setdefault(actor.node_id, []).append(actor)
+        return tuple(
+            LocalRayNode(
+                RaySnapshot(
+                    nodes=snapshot.nodes,
+                    actors=tuple(actors_by_node.get(node.node_id, ())),
+                    warnings=snapshot.warnings,
+                ),
+                by_id.get(node.node_id, node),
+                pod,
+            )
+            for node, pod in chosen
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RayClusterSource(Source[RayClusterSnapshot]):
+    """Cluster mode: every node, live actor and placement group of the Ray cluster."""
+
+    key = RAY_CLUSTER
+
+    def __init__(self, client: RayStateClient, namespace: str, workload: str) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.workload = workload
+
+    def fetch(self, inputs: Snapshots) -> RayClusterSnapshot:
+        return RayClusterSnapshot(self.client.fetch_cluster(), self.namespace, self.workload)
+
+    def close(self) -> None:
+        self.client.close()

@@ -8,7 +8,6 @@ from gpuledger.model.podresources import DeviceAllocation, PodResourcesSnapshot
 from gpuledger.sources.podresources.source import (
     DEFAULT_RESOURCE_NAMES,
     DEFAULT_SOCKET_PATH,
-    SOURCE,
     PodResourcesSource,
     ResourcePatterns,
 )
@@ -16,7 +15,6 @@ from gpuledger.sources.podresources.source import (
 __all__ = [
     "DEFAULT_RESOURCE_NAMES",
     "DEFAULT_SOCKET_PATH",
-    "SOURCE",
     "DeviceAllocation",
     "PodResourcesSnapshot",
     "PodResourcesSource",

@@ -19,21 +19,20 @@ from dataclasses import dataclass
 import grpc
 
 from gpuledger.identity.devices import strip_replica_suffix
-from gpuledger.model.podresources import DeviceAllocation, PodResourcesSnapshot
-from gpuledger.sources.base import SourceError
+from gpuledger.model import Snapshots
+from gpuledger.model.podresources import PODRESOURCES, DeviceAllocation, PodResourcesSnapshot
+from gpuledger.sources.base import Source, SourceError
 from gpuledger.sources.podresources import api_pb2, api_pb2_grpc
 
 __all__ = [
     "DEFAULT_RESOURCE_NAMES",
     "DEFAULT_SOCKET_PATH",
-    "SOURCE",
     "DeviceAllocation",
     "PodResourcesSnapshot",
     "PodResourcesSource",
     "ResourcePatterns",
 ]
 
-SOURCE = "podresources"
 DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_RESOURCE_NAMES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*")
 # A node lists every container's devices, CPUs and memory: a few hundred KiB at most.
@@ -161,7 +160,9 @@ def _allocatable_unsupported(exc: grpc.RpcError) -> bool:
     return code == grpc.StatusCode.UNKNOWN and "disabled" in detail
 
 
-class PodResourcesSource:
+class PodResourcesSource(Source[PodResourcesSnapshot]):
+    key = PODRESOURCES
+
     """Reads the kubelet PodResources API once per `fetch()`.
 
     The channel is kept between fetches (the kubelet is local and cheap to ask) and
@@ -186,7 +187,7 @@ class PodResourcesSource:
         self._channel: grpc.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
 
-    def fetch(self) -> PodResourcesSnapshot:
+    def fetch(self, inputs: Snapshots | None = None) -> PodResourcesSnapshot:
         self._check_socket()
         # One deadline for both calls, so a slow kubelet costs at most timeout_seconds.
         deadline = time.monotonic() + self.timeout_seconds
