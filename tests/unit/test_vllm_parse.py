@@ -15,6 +15,8 @@ from gpuledger.sim.fake_vllm import FakeEngine, render_exposition
 from gpuledger.sources.vllm_metrics import (
     CACHE_CONFIG_LABELS,
     MAX_ENGINES_PER_TARGET,
+    MAX_LINE_CHARS,
+    MAX_WANTED_CHARS,
     ExpositionError,
     looks_like_vllm,
     parse_exposition,
@@ -427,3 +429,108 @@ def test_idle_engine_with_declared_but_unsampled_gauges_reads_zero() -> None:
         assert (engine.requests_running, engine.requests_waiting) == (0.0, 0.0)
         assert engine.kv_cache_usage_ratio == 0.0
         assert engine.preemptions_total == 0.0
+
+
+# ----------------------------------------------------------------- edges and hostility
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("vllm-*.txt")), ids=lambda p: p.name)
+def test_line_endings_and_indentation_do_not_change_the_result(path: Path) -> None:
+    text = path.read_text()
+    engines = parse_exposition(text)
+    assert engines  # every real sample holds engines
+    assert parse_exposition(text.replace("\n", "\r\n")) == engines
+    assert parse_exposition("".join(f"  {line}\n" for line in text.splitlines())) == engines
+
+
+@pytest.mark.parametrize(
+    ("text", "preemptions"),
+    [
+        # prometheus_client adds _total to a counter family's samples
+        ("# TYPE vllm:num_preemptions counter\nvllm:num_preemptions 3\n", 3.0),
+        ("# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total 4\n", 4.0),
+        # a _created sample is another series, not the count
+        (
+            "# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_created 1\n"
+            "vllm:num_preemptions 2\n",
+            2.0,
+        ),
+    ],
+)
+def test_preemption_counters_in_every_spelling(text: str, preemptions: float) -> None:
+    (engine,) = parse_exposition(text)
+    assert engine.preemptions_total == preemptions
+
+
+def test_escaped_label_values_are_unescaped() -> None:
+    text = 'vllm:num_requests_running{model_name="a\\\\\\"b\\n\\t}",engine="0",} 1\n'
+    (engine,) = parse_exposition(text)
+    assert engine.model_name == 'a\\"b\n\\t}'
+
+
+def test_inputs_that_once_crashed_are_parsed_or_refused_cleanly() -> None:
+    """Both raised a bare ValueError/IndexError (reported as internal_error) once."""
+    text = 'vllm:num_requests_running{engine="²"} 1\nvllm:num_requests_running{engine="2"} 3\n'
+    assert [e.engine for e in parse_exposition(text)] == ["2", "²"]  # numeric ranks first
+    with pytest.raises(ExpositionError):  # a TYPE line cut at U+0085: garbage, said so
+        parse_exposition("vllm:num_requests_running 1\x85# TYPE \n")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'vllm:num_requests_running{engine="0",engine="1"} 1\n',
+        'vllm:num_requests_running{__name__="x"} 1\n',
+        "vllm:num_requests_running{engine=0} 1\n",
+        'vllm:num_requests_running{engine="0"\n',
+        "vllm:num_requests_running x\n",
+        f"vllm:num_requests_running {'9' * 400}\n",
+        "# TYPE vllm:kv_cache_usage_perc bogus\nvllm:kv_cache_usage_perc 0.5\n",
+    ],
+)
+def test_malformed_wanted_lines_are_exposition_errors(text: str) -> None:
+    with pytest.raises(ExpositionError, match="not a Prometheus text exposition"):
+        parse_exposition(text)
+
+
+MEGABYTE = 1 << 20
+RUNNING = "vllm:num_requests_running"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f'{RUNNING}{{a="' + "\\" * MEGABYTE + '"} 1',
+        f'{RUNNING}{{a="' + '\\"' * (MEGABYTE // 2) + '"} 1',
+        RUNNING + "{" + 'a="",' * (MEGABYTE // 5) + "} 1",
+        "a{" + "}" * MEGABYTE,  # another family's line, not shaped like a sample
+        "a " + "x " * (MEGABYTE // 2),
+    ],
+    ids=range(5),
+)
+def test_megabyte_lines_are_refused(line: str) -> None:
+    # A wanted line this long never reaches prometheus_client, whose label parser slows
+    # down more than linearly on such lines (benchmarks/bench_parse.py measures it).
+    with pytest.raises(ExpositionError):
+        parse_exposition(line + "\n")
+    assert looks_like_vllm(line) == line.startswith("vllm:")
+
+
+@pytest.mark.parametrize(
+    "line", ["a{" + "} x" * (MEGABYTE // 3), "# " * (MEGABYTE // 2)], ids=["sample", "comment"]
+)
+def test_megabyte_lines_of_other_families_are_only_shape_checked(line: str) -> None:
+    assert parse_exposition(line + "\n") == ()
+
+
+def test_wanted_lines_are_bounded_in_length_and_in_all() -> None:
+    label = 'vllm:num_requests_running{{engine="0",model_name="{}"}} 1\n'
+    longest = label.format("m" * (MAX_LINE_CHARS - len(label.format(""))))
+    assert parse_exposition(longest)
+    with pytest.raises(ExpositionError, match="longer than"):
+        parse_exposition(label.format("m" * MAX_LINE_CHARS))
+    many = label.format("m" * 1000) * (MAX_WANTED_CHARS // 1000)
+    with pytest.raises(ExpositionError, match="longer than"):
+        parse_exposition(many)
+    # Other families' lines do not count: a large exposition of other series is fine.
+    assert parse_exposition(longest + "other_series 1\n" * (MAX_WANTED_CHARS // 10))

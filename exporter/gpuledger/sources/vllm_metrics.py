@@ -46,69 +46,15 @@ _WANTED = (_RUNNING, _WAITING, _KV_USAGE, _KV_USAGE_OLD, "vllm:num_preemptions",
 _SAMPLE_SHAPE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(?:\{.*\})?[ \t]+\S+(?:[ \t]+\S+)?[ \t]*")
 _COMMENT_PREFIXES = ("# HELP ", "# TYPE ")
 
-# The fast path: one C-level regex pass over the document, then a few regex matches per
-# wanted line. On a real exposition that is a quarter of the cost of the per-line Python
-# loop plus prometheus_client's char-by-char parser, paid per engine and cycle. Those stay
-# the reference: any line or sample the fast path is not certain about goes to them, so
-# results and errors are the same as theirs.
-_WANTED_NAME = "(?:" + "|".join(map(re.escape, _WANTED)) + ")"
-_METRIC_NAME = "[A-Za-z_:][A-Za-z0-9_:]*+"
-# Each match skips a run of lines that are certainly neither wanted nor malformed, then
-# captures one line: a wanted line (group 1, kept as is: its rule only reads a prefix) or
-# any other line (group 2, judged by _keep_line, e.g. indented or oddly shaped lines).
-# Possessive quantifiers keep every line's work linear: the only backtracking is the one
-# over `}` positions within a line that _SAMPLE_SHAPE itself does.
-_LINE_SCAN = re.compile(
-    "(?:"
-    # another family's sample: strips to a line that _SAMPLE_SHAPE accepts
-    f"(?!{_WANTED_NAME}){_METRIC_NAME}"
-    r"(?:\{[^\n]*\})?[ \t]++\S++(?:[ \t]++\S++)?+[^\S\n]*+\n"
-    # a comment other than a wanted family's HELP or TYPE
-    f"|#(?! (?:HELP|TYPE) {_WANTED_NAME})[^\n]*+\n"
-    # a blank line
-    r"|[^\S\n]*+\n"
-    ")*+"
-    f"(?:((?:# (?:HELP|TYPE) )?{_WANTED_NAME}[^\n]*+)|([^\n]++)|\\Z)"
-)
+# prometheus_client's parser reads about a character a microsecond, and more on hostile
+# lines (a label value of escaped quotes: 20 ms at 16 KiB, 0.6 s at 256 KiB). A real
+# engine's longest wanted line is cache_config_info (~1 KiB) and its wanted lines are under
+# 2 KiB per engine, so MAX_ENGINES_PER_TARGET engines fit. Only hostile text is refused,
+# and it costs about as much as before the parser was prometheus_client's
+# (docs/performance.md, benchmarks/bench_parse.py).
+MAX_LINE_CHARS = 8 * 1024
+MAX_WANTED_CHARS = 512 * 1024
 
-# A strict subset of the text format, for the wanted lines: a line it does not match in
-# full (or a sample prometheus_client would reject: duplicate or reserved label names) makes
-# the whole document go through prometheus_client instead.
-_FAST_HELP = re.compile(f"# HELP ({_METRIC_NAME})(?:[ \t].*)?")
-# Exactly the types prometheus_client's Metric accepts; it rejects any other TYPE.
-_FAST_TYPE = re.compile(
-    f"# TYPE ({_METRIC_NAME})[ \t]++"
-    "(counter|gauge|summary|histogram|gaugehistogram|unknown|info|stateset|untyped)"
-)
-_LABEL_VALUE = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
-# `__` names are reserved (rejected by prometheus_client), as is `__name__` in particular.
-_FAST_LABEL = f"(?!__)[A-Za-z_][A-Za-z0-9_]*+={_LABEL_VALUE}"
-_LABEL_PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*+)="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
-# prometheus_client reads a value with int() first, then float(): -0 is 0.0, not -0.0, and
-# past ~308 digits int() gives an OverflowError where float() would give inf. Integers are
-# capped so that the fast path never meets either edge; longer ones take the slow path.
-_INTEGER = "[+-]?[0-9]{1,300}+"
-_FLOAT = (
-    r"[+-]?(?:[0-9]++\.[0-9]*+|\.[0-9]++)(?:[eE][+-]?[0-9]++)?+"
-    r"|[+-]?[0-9]++[eE][+-]?[0-9]++"
-    r"|[+-]?(?:Inf|inf|NaN|nan)"
-)
-# name{labels} value [timestamp], single spaces or runs of them (prometheus_client splits on
-# tabs only when the line has no space); a trailing comma in the labels is allowed there.
-_FAST_SAMPLE = re.compile(
-    f"({_METRIC_NAME})"
-    f"(?:\\{{((?:{_FAST_LABEL},)*+(?:{_FAST_LABEL})?+)\\}})?"
-    f" ++(?:({_INTEGER})|({_FLOAT}))"
-    f"(?: ++(?:{_INTEGER}|{_FLOAT}))?+"
-)
-# The escapes prometheus_client undoes in label values; any other backslash stays.
-_ESCAPE = re.compile(r'\\[\\n"]')
-_UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
-# Which sample names a TYPE admits into its family (prometheus_client's table).
-_FAMILY_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "summary": ("_count", "_sum", ""),
-    "histogram": ("_count", "_sum", "_bucket"),
-}
 # str.splitlines() boundaries (all of them whitespace as well).
 _LINE_BREAKS = r"\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _VLLM_FIRST_LINE = re.compile(f"[^\\S{_LINE_BREAKS}]*+vllm:")
@@ -162,16 +108,22 @@ def _keep_line(line: str) -> bool:
     return False
 
 
-def _relevant_lines(text: str) -> list[str]:
-    """The lines of the families we read, in order: exactly those `_keep_line` keeps when
-    given every line of `text.split("\\n")`, raising as it would."""
+def _relevant_lines(text: str) -> str:
+    """The lines of the families we read, in order; every other line is only
+    shape-checked, so prometheus_client parses a dozen lines rather than ~600."""
     kept: list[str] = []
-    wanted: str
-    other: str
-    for wanted, other in _LINE_SCAN.findall(text):
-        if wanted or (other and _keep_line(other)):
-            kept.append(wanted or other)
-    return kept
+    size = 0
+    for line in text.split("\n"):
+        if not _keep_line(line):
+            continue
+        size += len(line) + 1
+        if len(line) > MAX_LINE_CHARS or size > MAX_WANTED_CHARS:
+            raise ExpositionError(
+                f"vllm: series longer than {MAX_LINE_CHARS} characters a line"
+                f" or {MAX_WANTED_CHARS} in all"
+            )
+        kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def _samples(relevant: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
@@ -188,80 +140,6 @@ def _samples(relevant: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
         raise ExpositionError(f"not a Prometheus text exposition ({type(exc).__name__})") from None
 
 
-_Sample = tuple[str, Mapping[str, str], float]
-
-
-def _fast_sample(line: str) -> _Sample | None:
-    """One stripped sample line as prometheus_client reads it, or None if unsure."""
-    match = _FAST_SAMPLE.fullmatch(line)
-    if match is None:
-        return None
-    name, block, integer, number = match.groups()
-    labels: dict[str, str] = {}
-    if block:
-        pairs: list[tuple[str, str]] = _LABEL_PAIR.findall(block)
-        labels = dict(pairs)
-        if len(labels) != len(pairs):
-            return None  # a duplicate label name: prometheus_client rejects the line
-        if "\\" in block:
-            labels = {k: _ESCAPE.sub(_unescaped, v) for k, v in labels.items()}
-    return name, labels, float(int(integer)) if integer else float(number)
-
-
-def _unescaped(escape: re.Match[str]) -> str:
-    return _UNESCAPED[escape.group()]
-
-
-def _fast_samples(lines: list[str]) -> list[_Sample] | None:
-    """What `_samples` yields for these lines, or None where it might differ (or raise).
-
-    Replays prometheus_client's family state, the one part of it that changes a sample:
-    a counter family whose name lacks `_total` gets it added to its samples' names.
-    """
-    samples: list[_Sample] = []
-    family, family_type = "", "untyped"
-    members: tuple[str, ...] = ()  # the sample names the family admits
-    pending: list[_Sample] = []  # the family's samples, named once its type is final
-
-    def flush() -> None:
-        if family_type == "counter" and not family.endswith("_total"):
-            samples.extend((f"{name}_total", labels, value) for name, labels, value in pending)
-        else:
-            samples.extend(pending)
-
-    for raw in lines:
-        line = raw.strip()
-        if line.startswith("# HELP "):
-            help_match = _FAST_HELP.fullmatch(line)
-            if help_match is None:
-                return None
-            if help_match[1] != family:
-                flush()
-                family, family_type, pending = help_match[1], "untyped", []
-                members = (family,)
-        elif line.startswith("# TYPE "):
-            type_match = _FAST_TYPE.fullmatch(line)
-            if type_match is None:
-                return None
-            if type_match[1] != family:
-                flush()
-                family, pending = type_match[1], []
-            family_type = type_match[2]
-            members = tuple(family + s for s in _FAMILY_SUFFIXES.get(family_type, ("",)))
-        else:
-            sample = _fast_sample(line)
-            if sample is None:
-                return None
-            if sample[0] in members:
-                pending.append(sample)
-            else:  # prometheus_client ends the family; the sample stands alone, untyped
-                flush()
-                family, family_type, members, pending = "", "untyped", (), []
-                samples.append(sample)
-    flush()
-    return samples
-
-
 def parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
     """Map a vLLM `/metrics` text exposition to one EngineMetrics per (model, engine).
 
@@ -276,19 +154,17 @@ def parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
     # no model_name on the info series) and is dropped rather than guessed.
     configs: dict[tuple[str | None, str | None], dict[str, str] | None] = {}
 
-    relevant_lines = _relevant_lines(text)
-    relevant = "\n".join(relevant_lines) + "\n"
+    relevant = _relevant_lines(text)
     # An idle engine's gauges may have no sample at all until its first request (vLLM
     # declares them with # TYPE only): a declared gauge without a sample reads 0.
     declared = {
         fields[2]
-        for fields in (line.split() for line in relevant.splitlines() if line.startswith("# TYPE "))
+        for fields in (
+            line.split() for line in relevant.splitlines() if line.lstrip().startswith("# TYPE ")
+        )
         if len(fields) > 2  # splitlines() also breaks at \x85 and friends: a TYPE may be cut
     }
-    # Lazily from prometheus_client when the fast path is unsure: an error there then
-    # surfaces after the same samples as before.
-    fast = _fast_samples(relevant_lines)
-    for name, labels, raw in _samples(relevant) if fast is None else fast:
+    for name, labels, raw in _samples(relevant):
         if name == _CACHE_CONFIG:
             key = (labels.get("model_name"), labels.get("engine"))
             kept = {k: labels[k] for k in CACHE_CONFIG_LABELS if k in labels}
