@@ -1,6 +1,7 @@
 """Ledger -> Prometheus metric families. Knows Prometheus, nothing about sources.
 
-Runs at scrape time on the latest published ledger: no I/O, no waiting.
+Runs on the latest published ledger (once per snapshot for the text format, see
+server.py): no I/O, no waiting.
 """
 
 from __future__ import annotations
@@ -8,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuledger import __version__
-from gpuledger.exposition import Family
 from gpuledger.ledger import ContainerRef, Ledger
 from gpuledger.model.kubernetes import PodInfo
 
@@ -46,11 +46,11 @@ def _pod_values(pod: PodInfo) -> list[str]:
     return [pod.namespace, pod.name, pod.uid, pod.workload]
 
 
-def _gauge(name: str, doc: str, labels: list[str]) -> Family:
-    return Family(name, doc, ["node", *labels], "gauge")
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=["node", *labels])
 
 
-def gpu_families(ledger: Ledger) -> Iterator[Family]:
+def gpu_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     info = _gauge(
         "gpuledger_gpu_info",
@@ -77,7 +77,7 @@ def gpu_families(ledger: Ledger) -> Iterator[Family]:
     yield from (info, up, total, used, util)
 
 
-def container_families(ledger: Ledger) -> Iterator[Family]:
+def container_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     labels = ["gpu_uuid", *CONTAINER_LABELS]
     memory = _gauge(
@@ -120,7 +120,7 @@ def container_families(ledger: Ledger) -> Iterator[Family]:
     yield from (memory, count, unattributed, devices)
 
 
-def kubernetes_families(ledger: Ledger) -> Iterator[Family]:
+def kubernetes_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     allocation = _gauge(
         "gpuledger_gpu_allocation_info",
@@ -157,7 +157,7 @@ def kubernetes_families(ledger: Ledger) -> Iterator[Family]:
     yield from (allocation, unused, unallocated, starting)
 
 
-def pending_families(ledger: Ledger) -> Iterator[Family]:
+def pending_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     placement = _gauge(
         "gpuledger_pod_pending_placement",
@@ -179,7 +179,7 @@ def pending_families(ledger: Ledger) -> Iterator[Family]:
     yield from (placement, gpus, since)
 
 
-def engine_families(ledger: Ledger) -> Iterator[Family]:
+def engine_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     up = _gauge(
         "gpuledger_engine_up", "1 if the last scrape of this vLLM engine succeeded.", ENGINE_LABELS
@@ -199,11 +199,10 @@ def engine_families(ledger: Ledger) -> Iterator[Family]:
         "Fraction of KV-cache blocks in use, 0-1.",
         ENGINE_LABELS,
     )
-    preemptions = Family(
+    preemptions = CounterMetricFamily(
         "gpuledger_engine_preemptions",
         "Requests the engine preempted (vllm:num_preemptions_total).",
-        ["node", *ENGINE_LABELS],
-        "counter",
+        labels=["node", *ENGINE_LABELS],
     )
     config = _gauge(
         "gpuledger_engine_config_info",
@@ -253,7 +252,7 @@ def engine_families(ledger: Ledger) -> Iterator[Family]:
     yield from (up, requests, by_reason, kv, preemptions, config, gpu, gpus, max_seqs)
 
 
-def ray_families(ledger: Ledger) -> Iterator[Family]:
+def ray_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     nodes = _gauge(
         "gpuledger_ray_node_gpus",
@@ -297,7 +296,7 @@ def ray_families(ledger: Ledger) -> Iterator[Family]:
     yield from (nodes, actors, without, memory)
 
 
-def ray_cluster_families(ledger: Ledger) -> Iterator[Family]:
+def ray_cluster_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     groups = _gauge(
         "gpuledger_ray_placement_groups",
@@ -328,7 +327,7 @@ def _workload(pod: PodInfo | None) -> str:
     return pod.workload if pod is not None else ""
 
 
-def self_families(published: Published, now: float) -> Iterator[Family]:
+def self_families(published: Published, now: float) -> Iterator[Metric]:
     ledger = published.ledger
     node = ledger.node
     up = _gauge("gpuledger_source_up", "1 if the source's last fetch succeeded.", ["source"])
@@ -338,11 +337,10 @@ def self_families(published: Published, now: float) -> Iterator[Family]:
     for status in ledger.sources:
         up.add_metric([node, status.source], 1 if status.up else 0)
         duration.add_metric([node, status.source], status.duration_seconds)
-    errors = Family(
+    errors = CounterMetricFamily(
         "gpuledger_source_errors",
         "Failed fetches by source and reason since the exporter started.",
-        ["node", "source", "reason"],
-        "counter",
+        labels=["node", "source", "reason"],
     )
     for (source, reason), value in sorted(published.errors_total.items()):
         errors.add_metric([node, source, reason], value)
@@ -358,7 +356,7 @@ def self_families(published: Published, now: float) -> Iterator[Family]:
     yield from (up, duration, errors, last, build)
 
 
-def age_family(published: Published, now: float) -> Family:
+def age_family(published: Published, now: float) -> Metric:
     """The one series that changes between scrapes of the same snapshot."""
     age = _gauge(
         "gpuledger_snapshot_age_seconds",
@@ -369,7 +367,7 @@ def age_family(published: Published, now: float) -> Family:
     return age
 
 
-def snapshot_families(published: Published, now: float) -> Iterator[Family]:
+def snapshot_families(published: Published, now: float) -> Iterator[Metric]:
     """Everything derived from one snapshot alone (rendered once per cycle)."""
     ledger = published.ledger
     if ledger.mode == "node":
@@ -386,7 +384,7 @@ def snapshot_families(published: Published, now: float) -> Iterator[Family]:
 
 class LedgerCollector(Collector):
     """Renders whatever `current()` returns: (latest state or None, now), for
-    prometheus_client's encoders (the text format renders `families()` directly).
+    prometheus_client's encoders.
 
     `part`: "snapshot" (all but the age), "age" (the age alone) or "all".
     """
@@ -397,7 +395,7 @@ class LedgerCollector(Collector):
         self._current = current
         self._part = part
 
-    def families(self) -> Iterator[Family]:
+    def families(self) -> Iterator[Metric]:
         published, now = self._current()
         if published is None:
             return
@@ -407,5 +405,4 @@ class LedgerCollector(Collector):
             yield age_family(published, now)
 
     def collect(self) -> Iterator[Metric]:
-        for family in self.families():
-            yield family.to_metric()
+        return self.families()
