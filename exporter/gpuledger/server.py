@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import gc
 import html
 import io
 import json
@@ -16,7 +15,6 @@ import logging
 import queue
 import selectors
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,31 +34,6 @@ from gpuledger.page import render_page
 log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_REQUESTS = 16
-
-
-# Young objects a cycle may leave before the collector runs (Python's default: 700). A
-# cycle's snapshot is thousands of objects that live until the next one, so at 700 the
-# collector ran about 20 times a cycle on a 16x dense node (4.7 ms of its ~100 ms), each
-# time walking the snapshot in progress. Temporaries die by reference counting anyway;
-# cyclic garbage waits a little longer (a few MB at most).
-GC_THRESHOLD = 50_000
-# How long a thread holds the GIL before another that waits may take it (Python's default:
-# 5 ms). The sources parse in parallel threads; at 5 ms the hand-offs cost 10-15% of a
-# cycle's CPU on the dense node. A scrape may wait up to this long for a turn, which is
-# nothing next to a scrape timeout.
-SWITCH_INTERVAL_SECONDS = 0.02
-
-
-def tune_runtime() -> None:
-    """Settle the interpreter for a long-running collection loop, once it has started:
-    what exists by then (modules, clients, caches: ~65,000 objects) is excluded from the
-    garbage collector's passes, which otherwise walk all of it every few dozen cycles;
-    young objects may reach GC_THRESHOLD before a pass; threads switch less often."""
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_THRESHOLD, middle, old)
-    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
 
 
 class Exporter:
@@ -112,16 +85,12 @@ class Exporter:
                 self._warm_up()
             except Exception:
                 log.exception("warm-up failed")
-        first = True
         while not self._stop.is_set():
             started = time.monotonic()
             try:
                 self.run_once()
             except Exception:  # the loop must outlive any bug in one cycle
                 log.exception("collection cycle failed")
-            if first:
-                tune_runtime()
-                first = False
             elapsed = time.monotonic() - started
             self._stop.wait(max(0.0, self.interval_seconds - elapsed))
 
