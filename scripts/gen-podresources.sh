@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate the kubelet PodResources v1 Python modules from
-# exporter/gpuledger/sources/podresources/api.proto. The output is committed, so the
+# exporter/gpuledger/protocols/podresources/api.proto. The output is committed, so the
 # exporter image needs neither protoc nor grpcio-tools.
 #
 # Needs (dev only): grpcio-tools (its bundled protoc fixes the protobuf/grpcio runtime
@@ -18,7 +18,7 @@ fi
 bindir="$(dirname "$("$python" -c 'import sys; print(sys.executable)')")"
 export PATH="$bindir:$PATH"
 
-pkg=gpuledger/sources/podresources
+pkg=gpuledger/protocols/podresources
 cd "$root/exporter"
 # -I exporter makes the modules import each other as gpuledger.sources.podresources.*
 "$python" -m grpc_tools.protoc -I . \

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gpuledger.sources.podresources import api_pb2
+from gpuledger.protocols.podresources import api_pb2
 from gpuledger.sources.podresources.source import (
     DEFAULT_RESOURCE_NAMES,
     PodResourcesSource,

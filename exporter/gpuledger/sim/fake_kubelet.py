@@ -32,7 +32,7 @@ from typing import Any, Final, Literal, get_args
 
 import grpc
 
-from gpuledger.sources.podresources import api_pb2
+from gpuledger.protocols.podresources import api_pb2
 
 __all__ = ["FAULTS", "ContainerSpec", "DeviceGroup", "FakeKubelet", "Fault", "PodSpec"]
 

@@ -21,8 +21,8 @@ import grpc
 from gpuledger.identity.devices import strip_replica_suffix
 from gpuledger.model import Snapshots
 from gpuledger.model.podresources import PODRESOURCES, DeviceAllocation, PodResourcesSnapshot
+from gpuledger.protocols.podresources import api_pb2, api_pb2_grpc
 from gpuledger.sources.base import Source, SourceError
-from gpuledger.sources.podresources import api_pb2, api_pb2_grpc
 
 __all__ = [
     "DEFAULT_RESOURCE_NAMES",

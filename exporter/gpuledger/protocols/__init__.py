@@ -1,0 +1,1 @@
+"""kubelet wire protocols, generated from their .proto files (scripts/gen-podresources.sh)."""

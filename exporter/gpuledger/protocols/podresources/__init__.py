@@ -1,0 +1,1 @@
+"""PodResources v1 messages and stubs, used by the source and by the simulated kubelet."""
