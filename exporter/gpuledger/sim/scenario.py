@@ -6,6 +6,7 @@ Errors name the file, the path inside it and what was expected, e.g.
 
 from __future__ import annotations
 
+import difflib
 import re
 import reprlib
 import uuid
@@ -44,6 +45,129 @@ NVML_VARIANTS = ("no_v3", "no_memory_v2")
 
 class ScenarioError(ValueError):
     """An invalid scenario file; the message is one line naming file, path and expectation."""
+
+
+# The keys each object of a scenario file may have: every key the parser reads is here,
+# and an unknown one is an error naming these (docs/scenarios.md documents each set;
+# tests/unit/test_scenario_doc.py holds the two together).
+TOP_KEYS = frozenset(
+    {
+        "node",
+        "description",
+        "mode",
+        "nvml",
+        "gpus",
+        "processes",
+        "phases",
+        "kubernetes",
+        "podresources",
+        "vllm",
+        "ray",
+    }
+)
+NVML_KEYS = frozenset({"library", "variants", "init_error", "driver_version"})
+GPU_KEYS = frozenset(
+    {
+        "uuid",
+        "index",
+        "name",
+        "pci_bus_id",
+        "memory_total",
+        "memory_reserved",
+        "utilization",
+        "mig_mode",
+        "lost",
+    }
+)
+PROCESS_KEYS = frozenset({"pid", "ppid", "nspid", "cmdline", "cgroup", "environ", "gpu_memory"})
+KUBERNETES_KEYS = frozenset({"pods", "fault"})
+POD_KEYS = frozenset(
+    {
+        "namespace",
+        "name",
+        "uid",
+        "node",
+        "phase",
+        "ready",
+        "labels",
+        "annotations",
+        "owner",
+        "pod_ip",
+        "containers",
+        "pending",
+    }
+)
+CONTAINER_KEYS = frozenset({"name", "id", "gpus"})
+OWNER_KEYS = frozenset({"kind", "name"})
+PENDING_KEYS = frozenset({"reason", "message"})
+PODRESOURCES_KEYS = frozenset({"allocations", "fault"})
+ALLOCATION_KEYS = frozenset({"namespace", "pod", "container", "resource", "devices"})
+VLLM_KEYS = frozenset({"pod", "engines", "fault", "style"})
+ENGINE_KEYS = frozenset(
+    {
+        "model_name",
+        "engine",
+        "running",
+        "waiting",
+        "waiting_by_reason",
+        "kv_cache_usage",
+        "preemptions_total",
+        "num_gpu_blocks",
+        "block_size",
+    }
+)
+RAY_KEYS = frozenset({"workload", "token", "fault", "nodes", "actors", "placement_groups"})
+RAY_NODE_KEYS = frozenset({"name", "pod", "ip", "gpus", "head"})
+RAY_ACTOR_KEYS = frozenset(
+    {"class_name", "node", "pid", "num_gpus", "state", "placement_group", "count"}
+)
+PLACEMENT_GROUP_KEYS = frozenset({"name", "bundles", "state", "scheduling_state"})
+PHASE_KEYS = frozenset(
+    {
+        "name",
+        "after",
+        "gpus",
+        "processes",
+        "add_processes",
+        "pods",
+        "add_pods",
+        "allocations",
+        "vllm",
+        "kubernetes_fault",
+        "podresources_fault",
+    }
+)
+# A phase patches an object found by the key that names it, which it cannot change.
+GPU_PATCH_KEYS = GPU_KEYS - {"uuid", "index"}
+PROCESS_PATCH_KEYS = PROCESS_KEYS - {"pid"}
+POD_PATCH_KEYS = POD_KEYS - {"namespace", "name"}
+VLLM_PATCH_KEYS = VLLM_KEYS - {"pod"}
+
+# Where each key set applies, as docs/scenarios.md heads its reference tables.
+OBJECT_KEYS: Mapping[str, frozenset[str]] = {
+    "(top level)": TOP_KEYS,
+    "nvml": NVML_KEYS,
+    "gpus[]": GPU_KEYS,
+    "processes[]": PROCESS_KEYS,
+    "kubernetes": KUBERNETES_KEYS,
+    "kubernetes.pods[]": POD_KEYS,
+    "kubernetes.pods[].containers[]": CONTAINER_KEYS,
+    "kubernetes.pods[].owner": OWNER_KEYS,
+    "kubernetes.pods[].pending": PENDING_KEYS,
+    "podresources": PODRESOURCES_KEYS,
+    "podresources.allocations[]": ALLOCATION_KEYS,
+    "vllm[]": VLLM_KEYS,
+    "vllm[].engines[]": ENGINE_KEYS,
+    "ray": RAY_KEYS,
+    "ray.nodes[]": RAY_NODE_KEYS,
+    "ray.actors[]": RAY_ACTOR_KEYS,
+    "ray.placement_groups[]": PLACEMENT_GROUP_KEYS,
+    "phases[]": PHASE_KEYS,
+    "phases[].gpus.<uuid>": GPU_PATCH_KEYS,
+    "phases[].processes.<pid>": PROCESS_PATCH_KEYS,
+    "phases[].pods.<namespace/name>": POD_PATCH_KEYS,
+    "phases[].vllm.<namespace/name>": VLLM_PATCH_KEYS,
+}
 
 
 @dataclass(frozen=True)
@@ -302,10 +426,12 @@ def _ratio(value: object, at: _Path) -> float:
     return float(value)
 
 
-def _check_keys(doc: Mapping[str, Any], allowed: set[str], at: _Path) -> None:
+def _check_keys(doc: Mapping[str, Any], allowed: frozenset[str], at: _Path) -> None:
     for key in doc:
         if key not in allowed:
-            raise (at / str(key)).fail(f"one of the keys {', '.join(sorted(allowed))}", key)
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise (at / str(key)).fail(f"one of the keys {', '.join(sorted(allowed))}{hint}", key)
 
 
 def _default_bus_id(index: int) -> str:
@@ -313,22 +439,9 @@ def _default_bus_id(index: int) -> str:
     return f"{index // 14:08X}:{0x18 + (index % 14) * 0x10:02X}:00.0"
 
 
-_GPU_KEYS = {
-    "uuid",
-    "index",
-    "name",
-    "pci_bus_id",
-    "memory_total",
-    "memory_reserved",
-    "utilization",
-    "mig_mode",
-    "lost",
-}
-
-
 def _gpu(doc: object, at: _Path, position: int) -> SimGpu:
     d = _mapping(doc, at)
-    _check_keys(d, _GPU_KEYS, at)
+    _check_keys(d, GPU_KEYS, at)
     uuid = _str(d.get("uuid"), at / "uuid", "a GPU UUID like GPU-3f1c2a6e-…")
     if not uuid.startswith(("GPU-", "MIG-")) or " " in uuid:
         raise (at / "uuid").fail("a GPU UUID starting with GPU- or MIG-", uuid)
@@ -358,12 +471,9 @@ def _gpu_memory(value: object, at: _Path, gpus: tuple[SimGpu, ...]) -> dict[str,
     return out
 
 
-_PROC_KEYS = {"pid", "ppid", "nspid", "cmdline", "cgroup", "environ", "gpu_memory"}
-
-
 def _process(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> SimProcess:
     d = _mapping(doc, at)
-    _check_keys(d, _PROC_KEYS, at)
+    _check_keys(d, PROCESS_KEYS, at)
     raw_cmd = d.get("cmdline", ["python3"])
     if isinstance(raw_cmd, str):
         raw_cmd = [raw_cmd]
@@ -387,20 +497,6 @@ def _process(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> SimProcess:
     )
 
 
-_POD_KEYS = {
-    "namespace",
-    "name",
-    "uid",
-    "node",
-    "phase",
-    "ready",
-    "labels",
-    "annotations",
-    "owner",
-    "pod_ip",
-    "containers",
-    "pending",
-}
 KUBERNETES_FAULTS = ("ok", "refuse", "http_500", "forbidden", "unauthorized", "hang")
 PODRESOURCES_FAULTS = ("ok", "unavailable", "hang", "missing")
 VLLM_FAULTS = ("ok", "hang", "refuse", "http_500", "garbage", "truncated", "huge", "slow")
@@ -412,13 +508,13 @@ def _str_map(value: object, at: _Path) -> dict[str, str]:
 
 def _pod(doc: object, at: _Path, node: str) -> SimPod:
     d = _mapping(doc, at)
-    _check_keys(d, _POD_KEYS, at)
+    _check_keys(d, POD_KEYS, at)
     namespace = _str(d.get("namespace", "default"), at / "namespace")
     name = _str(d.get("name"), at / "name", "a pod name")
     containers = []
     for i, c in enumerate(_list(d.get("containers") or [{"name": "main"}], at / "containers")):
         cm = _mapping(c, at / "containers" / i)
-        _check_keys(cm, {"name", "id", "gpus"}, at / "containers" / i)
+        _check_keys(cm, CONTAINER_KEYS, at / "containers" / i)
         cid = cm.get("id")
         containers.append(
             SimContainer(
@@ -428,7 +524,7 @@ def _pod(doc: object, at: _Path, node: str) -> SimPod:
             )
         )
     pending = _mapping(d.get("pending") or {}, at / "pending")
-    _check_keys(pending, {"reason", "message"}, at / "pending")
+    _check_keys(pending, PENDING_KEYS, at / "pending")
     reason = pending.get("reason")
     if reason not in (None, "Unschedulable", "SchedulingGated"):
         raise (at / "pending" / "reason").fail("Unschedulable or SchedulingGated", reason)
@@ -436,7 +532,7 @@ def _pod(doc: object, at: _Path, node: str) -> SimPod:
     owner_pair = None
     if owner is not None:
         om = _mapping(owner, at / "owner")
-        _check_keys(om, {"kind", "name"}, at / "owner")
+        _check_keys(om, OWNER_KEYS, at / "owner")
         owner_pair = (
             _str(om.get("kind"), at / "owner" / "kind"),
             _str(om.get("name"), at / "owner" / "name"),
@@ -462,7 +558,7 @@ def _pod(doc: object, at: _Path, node: str) -> SimPod:
 
 def _allocation(doc: object, at: _Path) -> SimAllocation:
     d = _mapping(doc, at)
-    _check_keys(d, {"namespace", "pod", "container", "resource", "devices"}, at)
+    _check_keys(d, ALLOCATION_KEYS, at)
     return SimAllocation(
         namespace=_str(d.get("namespace", "default"), at / "namespace"),
         pod=_str(d.get("pod"), at / "pod", "a pod name"),
@@ -481,22 +577,9 @@ def _number(value: object, at: _Path) -> float:
     return float(value)
 
 
-_ENGINE_KEYS = {
-    "model_name",
-    "engine",
-    "running",
-    "waiting",
-    "waiting_by_reason",
-    "kv_cache_usage",
-    "preemptions_total",
-    "num_gpu_blocks",
-    "block_size",
-}
-
-
 def _engine(doc: object, at: _Path) -> SimEngine:
     d = _mapping(doc, at)
-    _check_keys(d, _ENGINE_KEYS, at)
+    _check_keys(d, ENGINE_KEYS, at)
     return SimEngine(
         model_name=_str(d.get("model_name", "meta-llama/Llama-3.1-8B-Instruct"), at / "model_name"),
         engine=_int(d.get("engine", 0), at / "engine"),
@@ -515,7 +598,7 @@ def _engine(doc: object, at: _Path) -> SimEngine:
 
 def _vllm(doc: object, at: _Path, position: int) -> SimVllm:
     d = _mapping(doc, at)
-    _check_keys(d, {"pod", "engines", "fault", "style"}, at)
+    _check_keys(d, VLLM_KEYS, at)
     pod = d.get("pod")
     if pod is not None and (not isinstance(pod, str) or pod.count("/") != 1):
         raise (at / "pod").fail("namespace/name of a pod under kubernetes.pods", pod)
@@ -541,7 +624,7 @@ def _vllm(doc: object, at: _Path, position: int) -> SimVllm:
 
 def _kubernetes(doc: object, at: _Path, node: str) -> tuple[tuple[SimPod, ...], str]:
     d = _mapping(doc, at)
-    _check_keys(d, {"pods", "fault"}, at)
+    _check_keys(d, KUBERNETES_KEYS, at)
     fault = d.get("fault", "ok")
     if fault not in KUBERNETES_FAULTS:
         raise (at / "fault").fail(f"one of {', '.join(KUBERNETES_FAULTS)}", fault)
@@ -554,7 +637,7 @@ def _kubernetes(doc: object, at: _Path, node: str) -> tuple[tuple[SimPod, ...], 
 
 def _podresources(doc: object, at: _Path) -> tuple[tuple[SimAllocation, ...], str]:
     d = _mapping(doc, at)
-    _check_keys(d, {"allocations", "fault"}, at)
+    _check_keys(d, PODRESOURCES_KEYS, at)
     fault = d.get("fault", "ok")
     if fault not in PODRESOURCES_FAULTS:
         raise (at / "fault").fail(f"one of {', '.join(PODRESOURCES_FAULTS)}", fault)
@@ -570,7 +653,7 @@ RAY_FAULTS = ("ok", "refuse", "hang", "http_500", "garbage", "result_false")
 
 def _ray(doc: object, at: _Path) -> SimRay:
     d = _mapping(doc, at)
-    _check_keys(d, {"workload", "token", "fault", "nodes", "actors", "placement_groups"}, at)
+    _check_keys(d, RAY_KEYS, at)
     fault = d.get("fault", "ok")
     if fault not in RAY_FAULTS:
         raise (at / "fault").fail(f"one of {', '.join(RAY_FAULTS)}", fault)
@@ -578,7 +661,7 @@ def _ray(doc: object, at: _Path) -> SimRay:
     for i, n in enumerate(_list(d.get("nodes"), at / "nodes")):
         where = at / "nodes" / i
         nm = _mapping(n, where)
-        _check_keys(nm, {"name", "pod", "ip", "gpus", "head"}, where)
+        _check_keys(nm, RAY_NODE_KEYS, where)
         nodes.append(
             SimRayNode(
                 name=_str(nm.get("name", f"node-{i}"), where / "name"),
@@ -593,11 +676,7 @@ def _ray(doc: object, at: _Path) -> SimRay:
     for i, a in enumerate(_list(d.get("actors"), at / "actors")):
         where = at / "actors" / i
         am = _mapping(a, where)
-        _check_keys(
-            am,
-            {"class_name", "node", "pid", "num_gpus", "state", "placement_group", "count"},
-            where,
-        )
+        _check_keys(am, RAY_ACTOR_KEYS, where)
         node = am.get("node")
         if node is not None and node not in names:
             raise (where / "node").fail("the name of a node under ray.nodes", node)
@@ -614,7 +693,7 @@ def _ray(doc: object, at: _Path) -> SimRay:
     for i, g in enumerate(_list(d.get("placement_groups"), at / "placement_groups")):
         where = at / "placement_groups" / i
         gm = _mapping(g, where)
-        _check_keys(gm, {"name", "bundles", "state", "scheduling_state"}, where)
+        _check_keys(gm, PLACEMENT_GROUP_KEYS, where)
         groups.append(
             SimPlacementGroup(
                 name=_str(gm.get("name", f"pg-{i}"), where / "name"),
@@ -638,7 +717,7 @@ def _ray(doc: object, at: _Path) -> SimRay:
 
 def _nvml(doc: object, at: _Path) -> SimNvml:
     d = _mapping(doc or {}, at)
-    _check_keys(d, {"library", "variants", "init_error", "driver_version"}, at)
+    _check_keys(d, NVML_KEYS, at)
     library = d.get("library", "present")
     if library not in ("present", "missing"):
         raise (at / "library").fail("present or missing", library)
@@ -654,25 +733,26 @@ def _nvml(doc: object, at: _Path) -> SimNvml:
     )
 
 
+def _patch(value: object, at: _Path, keys: frozenset[str]) -> Mapping[str, Any] | None:
+    """One phase's patch of one object, or None (the object goes). Its keys are checked
+    here: a typo must fail when the file is read, not when the phase comes due."""
+    if value is None:
+        return None
+    patch = _mapping(value, at, "a mapping or null")
+    _check_keys(patch, keys, at)
+    return patch
+
+
+def _phase_fault(d: Mapping[str, Any], key: str, faults: tuple[str, ...], at: _Path) -> str | None:
+    fault = d.get(key)
+    if fault is not None and fault not in faults:
+        raise (at / key).fail(f"one of {', '.join(faults)}", fault)
+    return fault
+
+
 def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
     d = _mapping(doc, at)
-    _check_keys(
-        d,
-        {
-            "name",
-            "after",
-            "gpus",
-            "processes",
-            "add_processes",
-            "pods",
-            "add_pods",
-            "allocations",
-            "vllm",
-            "kubernetes_fault",
-            "podresources_fault",
-        },
-        at,
-    )
+    _check_keys(d, PHASE_KEYS, at)
     gpu_patches: dict[str, Mapping[str, Any]] = {}
     known = {g.uuid for g in gpus}
     for gpu_uuid, patch in _mapping(d.get("gpus") or {}, at / "gpus").items():
@@ -680,55 +760,51 @@ def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
         if gpu_uuid not in known:
             raise where.fail("the UUID of a GPU listed under gpus", gpu_uuid)
         patch_map = _mapping(patch, where)
-        _check_keys(patch_map, _GPU_KEYS - {"uuid", "index"}, where)
+        _check_keys(patch_map, GPU_PATCH_KEYS, where)
         gpu_patches[gpu_uuid] = patch_map
-    proc_patches: dict[int, Mapping[str, Any] | None] = {}
-    for pid, patch in _mapping(d.get("processes") or {}, at / "processes").items():
-        where = at / "processes" / str(pid)
-        key = _int(pid, where, 2)
-        proc_patches[key] = None if patch is None else _mapping(patch, where, "a mapping or null")
-    adds = tuple(
-        _process(p, at / "add_processes" / i, gpus)
-        for i, p in enumerate(_list(d.get("add_processes"), at / "add_processes"))
-    )
-    pod_patches: dict[str, Mapping[str, Any] | None] = {}
-    for pod_key, patch in _mapping(d.get("pods") or {}, at / "pods").items():
-        where = at / "pods" / str(pod_key)
-        pod_patches[str(pod_key)] = (
-            None if patch is None else _mapping(patch, where, "a mapping or null")
+    proc_patches = {
+        _int(pid, at / "processes" / str(pid), 2): _patch(
+            patch, at / "processes" / str(pid), PROCESS_PATCH_KEYS
         )
+        for pid, patch in _mapping(d.get("processes") or {}, at / "processes").items()
+    }
+    pod_patches = {
+        str(key): _patch(patch, at / "pods" / str(key), POD_PATCH_KEYS)
+        for key, patch in _mapping(d.get("pods") or {}, at / "pods").items()
+    }
+    vllm_patches = {
+        str(key): _mapping(patch, at / "vllm" / str(key))
+        for key, patch in _mapping(d.get("vllm") or {}, at / "vllm").items()
+    }
+    for key, patch in vllm_patches.items():
+        _check_keys(patch, VLLM_PATCH_KEYS, at / "vllm" / key)
     allocations = None
     if "allocations" in d:
         allocations = tuple(
             _allocation(a, at / "allocations" / i)
             for i, a in enumerate(_list(d.get("allocations"), at / "allocations"))
         )
-    k8s_fault = d.get("kubernetes_fault")
-    if k8s_fault is not None and k8s_fault not in KUBERNETES_FAULTS:
-        raise (at / "kubernetes_fault").fail(f"one of {', '.join(KUBERNETES_FAULTS)}", k8s_fault)
-    pr_fault = d.get("podresources_fault")
-    if pr_fault is not None and pr_fault not in PODRESOURCES_FAULTS:
-        raise (at / "podresources_fault").fail(f"one of {', '.join(PODRESOURCES_FAULTS)}", pr_fault)
+    add_pods = tuple(
+        _mapping(p, at / "add_pods" / i)
+        for i, p in enumerate(_list(d.get("add_pods"), at / "add_pods"))
+    )
+    for i, pod in enumerate(add_pods):
+        _check_keys(pod, POD_KEYS, at / "add_pods" / i)
     return Phase(
         name=_str(d.get("name"), at / "name"),
         after_seconds=parse_duration(d.get("after", 0), at / "after"),
         gpus=frozen_map(gpu_patches),
         processes=frozen_map(proc_patches),
-        add_processes=adds,
+        add_processes=tuple(
+            _process(p, at / "add_processes" / i, gpus)
+            for i, p in enumerate(_list(d.get("add_processes"), at / "add_processes"))
+        ),
         pods=frozen_map(pod_patches),
-        add_pods=tuple(
-            _mapping(p, at / "add_pods" / i)
-            for i, p in enumerate(_list(d.get("add_pods"), at / "add_pods"))
-        ),
+        add_pods=add_pods,
         allocations=allocations,
-        vllm=frozen_map(
-            {
-                str(k): _mapping(v, at / "vllm" / str(k))
-                for k, v in _mapping(d.get("vllm") or {}, at / "vllm").items()
-            }
-        ),
-        kubernetes_fault=k8s_fault,
-        podresources_fault=pr_fault,
+        vllm=frozen_map(vllm_patches),
+        kubernetes_fault=_phase_fault(d, "kubernetes_fault", KUBERNETES_FAULTS, at),
+        podresources_fault=_phase_fault(d, "podresources_fault", PODRESOURCES_FAULTS, at),
     )
 
 
@@ -792,23 +868,7 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
 def parse_scenario(doc: object, source: str) -> Scenario:
     at = _Path(source)
     d = _mapping(doc, at, "a YAML mapping with keys node, gpus, processes, …")
-    _check_keys(
-        d,
-        {
-            "node",
-            "description",
-            "mode",
-            "nvml",
-            "gpus",
-            "processes",
-            "phases",
-            "kubernetes",
-            "podresources",
-            "vllm",
-            "ray",
-        },
-        at,
-    )
+    _check_keys(d, TOP_KEYS, at)
     node = _str(d.get("node", "sim-node"), at / "node")
     mode = d.get("mode", "node")
     if mode not in ("node", "cluster"):
