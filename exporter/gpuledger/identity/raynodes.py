@@ -1,4 +1,4 @@
-"""Which Ray node is a pod (identity rule 3 of docs/design.md). Pure."""
+"""Which Ray node is a pod (docs/design.md, identity rule 8). Pure."""
 
 from __future__ import annotations
 
