@@ -22,7 +22,7 @@ DASHBOARDS_DIR = REPO / "dashboards"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 ALERTMANAGER_EXAMPLE = REPO / "docs" / "alertmanager-example.yaml"
 
-# The metric contract (DESIGN.md "Metric contract (v1)", docs/metrics.md), plus the one
+# The metric contract (docs/metrics.md; docs/design.md "Metric contract (v1)"), plus the one
 # Prometheus series the alerts use. Anything else a rule or panel names must be a
 # recording rule of the mixin.
 CONTRACT_METRICS = frozenset(

@@ -14,7 +14,7 @@ it (no process is left behind, which the teardown asserts):
 * data parallelism 2 (``TestDataParallel``): two engine cores, ``engine="0"`` and
   ``engine="1"``, as vLLM lays them out.
 
-What is checked is what DESIGN.md rule 6 and issue 5 rely on: the process titles and
+What is checked is what docs/design.md identity rule 6 and issue 5 rely on: the process titles and
 parentage (``/proc/<pid>/cmdline`` and ``PPid``), the `/metrics` series and labels, and
 the real exporter pipeline joining the two, with a fake NVML that lists the real engine
 PIDs as GPU users (this machine has no GPU; NVML is the only simulated part).

@@ -1,4 +1,4 @@
-"""Process -> Pod identity from `/proc/<pid>/cgroup` (DESIGN.md, identity rule 2).
+"""Process -> Pod identity from `/proc/<pid>/cgroup` (docs/design.md, identity rule 2).
 
 The cgroup path is the only trustworthy link from a process to its Pod: environment
 variables can be stripped or forged, the cgroup is set by the kubelet and the runtime.

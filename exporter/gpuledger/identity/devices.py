@@ -1,4 +1,4 @@
-"""Container-local CUDA ordinal -> host GPU (DESIGN.md, identity rule 4).
+"""Container-local CUDA ordinal -> host GPU (docs/design.md, identity rule 4).
 
 A process's `cuda:N` goes through two filters, and indices differ at every step:
 

@@ -1,4 +1,4 @@
-"""Why a Pod is not placed, and which workload it belongs to (DESIGN.md, rule 7).
+"""Why a Pod is not placed, and which workload it belongs to (docs/design.md, identity rule 7).
 
 Pure functions over the JSON shapes the Kubernetes API returns (camelCase keys), so the
 informer can call them on raw watch events without building client model objects.

@@ -1,6 +1,6 @@
 """Kubernetes pods through an informer: one list, then a watch, with the real client.
 
-Two modes (DESIGN.md, "Modes"):
+Two modes (docs/design.md, "Modes"):
 
 * node: the pods on this node (`spec.nodeName=<node>`), for Pod UID, labels, container
   ids and workload of everything the node's processes belong to;
@@ -17,7 +17,7 @@ Each object is reduced to a `PodInfo` as it arrives, so memory holds only the fi
 the ledger uses, never whole pod objects.
 
 `fetch()` only copies the cache. While the last list/watch attempt failed it raises
-(the source is down and its series drop, DESIGN.md), but the cache is kept: the watch
+(the source is down and its series drop, docs/reliability.md), but the cache is kept: the watch
 resumes from it, and `cached()` still returns it, marked `synced=False`, for callers that
 prefer stale data to none.
 
