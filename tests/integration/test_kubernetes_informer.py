@@ -337,8 +337,8 @@ def test_410_gone_relists_without_lost_or_stale_pods(
     assert informer.stats().lists == 1
 
     # The watch stalls; meanwhile pods change and the server forgets that history.
+    # set_fault takes the lock open watches send under: nothing after it reaches the informer.
     server.set_fault("hang")
-    time.sleep(0.1)
     server.delete_pod("ns", "drop")
     server.add_pod(make_pod("ns", "new", node=NODE))
     changed = make_pod("ns", "change", uid=by_uid_name(server, "ns", "change"), node=NODE)
@@ -458,7 +458,8 @@ def test_stop_is_prompt_with_an_open_watch(
 ) -> None:
     informer = informers(server, watch_timeout_seconds=30)
     assert informer.wait_synced(5)
-    time.sleep(0.2)  # the watch is open and idle
+    # The watch is open (the server has it) and idle.
+    assert eventually(lambda: server.requests["watch"], lambda n: n >= 1) >= 1
     started = time.monotonic()
     informer.stop()
     assert time.monotonic() - started < 1.0
