@@ -322,8 +322,9 @@ def run_exporter(
     try:
         httpd = serve(exporter, args.listen, config.node, config.mode)
     except OSError as exc:
-        print(f"gpuledger: error: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
-        return 1
+        reason = exc.strerror or type(exc).__name__
+        print(f"gpuledger: error: cannot listen on {args.listen}: {reason}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     _install_signal_handlers(stop)
     exporter.start()

@@ -237,7 +237,7 @@ class HttpClient:
         return b"".join(chunks)
 
     def _too_large(self) -> HttpError:
-        return HttpError("too_large", f"body larger than {self.max_body_bytes} bytes")
+        return HttpError("too_large", f"body larger than {_size(self.max_body_bytes)}")
 
     def _describe(self, reason: str) -> str:
         if reason == "timeout":
@@ -252,6 +252,11 @@ _MESSAGES = {
     "truncated": "connection closed before the whole body arrived",
     "garbage": "not an HTTP answer, or a body that does not decode",
 }
+
+
+def _size(n: int) -> str:
+    mib = n / (1024 * 1024)
+    return f"{mib:g} MiB" if n % (1024 * 1024) == 0 else f"{n} bytes"
 
 
 def _classify(exc: BaseException) -> str:

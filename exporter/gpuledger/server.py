@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gzip
 import html
 import io
 import json
@@ -34,6 +35,11 @@ from gpuledger.page import render_page
 log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_REQUESTS = 16
+# Liveness fails once no cycle has completed for this many intervals (and at least
+# STALL_FLOOR_SECONDS): a stuck collection loop serves ever older data, and a restart is
+# the only cure.
+STALL_INTERVALS = 5
+STALL_FLOOR_SECONDS = 60.0
 
 
 class Exporter:
@@ -58,6 +64,8 @@ class Exporter:
         # scrape appends only the age. OpenMetrics requests render in full.
         self._age = LedgerCollector(self.current, "age")
         self._rendered = b""
+        self._gzipped: bytes | None = None  # made on the first gzip scrape of a snapshot
+        self._progress = time.monotonic()  # start, then the end of each completed cycle
 
     def current(self) -> tuple[Published | None, float]:
         with self._lock:
@@ -72,8 +80,16 @@ class Exporter:
         snapshot = LedgerCollector(lambda: (published, time.time()), "snapshot")
         rendered = render_text(snapshot.families())
         with self._lock:
-            self._latest, self._rendered = published, rendered
+            self._latest, self._rendered, self._gzipped = published, rendered, None
+            self._progress = time.monotonic()
         return published
+
+    @property
+    def alive(self) -> bool:
+        """False when the collection loop has made no progress for several intervals."""
+        with self._lock:
+            stalled_for = time.monotonic() - self._progress
+        return stalled_for <= max(STALL_INTERVALS * self.interval_seconds, STALL_FLOOR_SECONDS)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="collect", daemon=True)
@@ -99,13 +115,22 @@ class Exporter:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def render(self, accept: str | None) -> tuple[bytes, str]:
+    def render(self, accept: str | None, gzipped: bool = False) -> tuple[bytes, str]:
+        """The exposition. With `gzipped`, a gzip stream: the snapshot's part is
+        compressed once per snapshot, and the age is a second gzip member (readers
+        decompress concatenated members as one stream, RFC 1952)."""
         encoder, content_type = choose_encoder(accept or "")
-        if encoder is generate_latest:
-            with self._lock:
-                rendered = self._rendered
-            return rendered + render_text(self._age.families()), content_type
-        return encoder(self.registry), content_type
+        if encoder is not generate_latest:
+            body = encoder(self.registry)
+            return (gzip.compress(body, 6) if gzipped else body), content_type
+        age = render_text(self._age.families())
+        with self._lock:
+            if not gzipped:
+                return self._rendered + age, content_type
+            if self._gzipped is None:
+                self._gzipped = gzip.compress(self._rendered, 6)
+            snapshot_part = self._gzipped
+        return snapshot_part + gzip.compress(age, 6), content_type
 
 
 LANDING = """<!doctype html>
@@ -135,11 +160,15 @@ def make_handler(exporter: Exporter, node: str, mode: str) -> type[BaseHTTPReque
         def do_GET(self) -> None:
             self._route()
 
+        def do_HEAD(self) -> None:
+            self._route()
+
         def _route(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                body, content_type = exporter.render(self.headers.get("Accept"))
-                self._send(HTTPStatus.OK, body, content_type)
+                gzipped = _wants_gzip(self.headers.get("Accept-Encoding"))
+                body, content_type = exporter.render(self.headers.get("Accept"), gzipped)
+                self._send(HTTPStatus.OK, body, content_type, "gzip" if gzipped else None)
             elif path == "/healthz":
                 self._send(HTTPStatus.OK, b"ok\n", "text/plain")
             elif path == "/readyz":
@@ -175,17 +204,37 @@ def make_handler(exporter: Exporter, node: str, mode: str) -> type[BaseHTTPReque
             else:
                 self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
 
-        def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+        def _send(
+            self,
+            status: HTTPStatus,
+            body: bytes,
+            content_type: str,
+            encoding: str | None = None,
+        ) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            if encoding is not None:
+                self.send_header("Content-Encoding", encoding)
+                self.send_header("Vary", "Accept-Encoding")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("http: " + format, *args)
 
     return Handler
+
+
+def _wants_gzip(accept_encoding: str | None) -> bool:
+    """Whether the client accepts gzip (and did not refuse it with q=0)."""
+    for part in (accept_encoding or "").split(","):
+        name, _, params = part.strip().partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            q = params.strip().removeprefix("q=").strip()
+            return not q or (q.replace(".", "", 1).isdigit() and float(q) > 0)
+    return False
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -202,10 +251,15 @@ def parse_listen(value: str) -> tuple[str, int]:
 _prefetched = threading.local()
 HEAD_TIMEOUT_SECONDS = 5.0
 MAX_HEAD_BYTES = 16 * 1024
-MAX_WAITING_CONNECTIONS = 1024
+# Idle connections cost a file descriptor each, not a thread: thousands are fine.
+MAX_WAITING_CONNECTIONS = 4096
 _ALIVE = (
     b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 3\r\nConnection: close\r\n\r\nok\n"
+)
+_STALLED = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 33\r\nConnection: close\r\n\r\ncollection loop made no progress\n"
 )
 _BUSY = (
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
@@ -222,8 +276,19 @@ class GatedHTTPServer(HTTPServer):
     at once when all are busy.
     """
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
+    # The kernel's accept queue: a burst of scrapes and probes waits there instead of
+    # being refused (the socketserver default is 5).
+    request_queue_size = 1024
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        alive: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._closing = threading.Event()
+        self._alive = alive
+        super().__init__(address, handler)  # binds: raises OSError on a busy address
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         self._workers = concurrent.futures.ThreadPoolExecutor(
             MAX_CONCURRENT_REQUESTS, thread_name_prefix="http"
@@ -233,7 +298,6 @@ class GatedHTTPServer(HTTPServer):
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         self._selector.register(self._wake_reader, selectors.EVENT_READ, None)
-        self._closing = threading.Event()
         self._gate = threading.Thread(target=self._gate_loop, name="http-gate", daemon=True)
         self._gate.start()
 
@@ -292,7 +356,7 @@ class GatedHTTPServer(HTTPServer):
             if head.startswith((b"GET /healthz ", b"GET /healthz?")):
                 # Liveness never waits for a worker: stuck scrapes must not get us killed.
                 with contextlib.suppress(OSError):
-                    sock.sendall(_ALIVE)
+                    sock.sendall(_ALIVE if self._alive() else _STALLED)
                 self.shutdown_request(sock)
             elif self._slots.acquire(blocking=False):
                 self._workers.submit(self._work, sock, address, bytes(head))
@@ -320,6 +384,9 @@ class GatedHTTPServer(HTTPServer):
             self._slots.release()
 
     def server_close(self) -> None:
+        if not hasattr(self, "_gate"):  # binding failed: only the socket to close
+            super().server_close()
+            return
         self._closing.set()
         with contextlib.suppress(OSError):
             self._wake_writer.send(b"\0")
@@ -333,4 +400,6 @@ class GatedHTTPServer(HTTPServer):
 
 def serve(exporter: Exporter, listen: str, node: str, mode: str) -> GatedHTTPServer:
     host, port = parse_listen(listen)
-    return GatedHTTPServer((host, port), make_handler(exporter, node, mode))
+    return GatedHTTPServer(
+        (host, port), make_handler(exporter, node, mode), lambda: exporter.alive
+    )

@@ -199,13 +199,13 @@ def test_slow_requests_are_bounded_and_the_rest_get_503(
     most = [0]
     lock = threading.Lock()
 
-    def stuck_render(accept: str | None) -> tuple[bytes, str]:
+    def stuck_render(accept: str | None, gzipped: bool = False) -> tuple[bytes, str]:
         with lock:
             in_flight[0] += 1
             most[0] = max(most[0], in_flight[0])
         try:
             release.wait(30)
-            return real_render(accept)
+            return real_render(accept, gzipped)
         finally:
             with lock:
                 in_flight[0] -= 1
