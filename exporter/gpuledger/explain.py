@@ -13,17 +13,13 @@ read.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
-import urllib3.exceptions
-
-from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.document import SCHEMA
-from gpuledger.verdict import Thresholds, Verdict, workload_verdict
+from gpuledger.httpclient import HttpClient, HttpError, safe_url
+from gpuledger.verdict import STAGES, Thresholds, Verdict, ray_pending_reason, workload_verdict
 
 Doc = Mapping[str, Any]
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -41,20 +37,18 @@ def fetch_document(url: str, timeout: float = 5.0) -> Doc:
     target = url.rstrip("/")
     if not target.endswith("/ledger.json"):
         target += "/ledger.json"
-    deadline = time.monotonic() + timeout
+    client = HttpClient(
+        deadline_seconds=timeout,
+        max_body_bytes=MAX_DOCUMENT_BYTES,
+        headers={"Accept": "application/json"},
+    )
     try:
-        with requests.get(target, timeout=timeout, stream=True) as resp:
-            if resp.status_code != 200:
-                raise ExplainError(EXIT_UNREACHABLE, f"{target}: HTTP {resp.status_code}")
-            body = read_bounded(resp.raw, MAX_DOCUMENT_BYTES, deadline)
-    except BodyTooLarge:
-        raise ExplainError(EXIT_UNREACHABLE, f"{target}: document larger than 64 MiB") from None
-    except BodyTimedOut:
-        raise ExplainError(
-            EXIT_UNREACHABLE, f"{target}: no complete answer in {timeout:g}s"
-        ) from None
-    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
-        raise ExplainError(EXIT_UNREACHABLE, f"{target}: {type(exc).__name__}") from None
+        response = client.get(target)
+    except HttpError as exc:
+        raise ExplainError(EXIT_UNREACHABLE, f"{exc.message} ({exc.reason})") from None
+    if response.status != 200:
+        raise ExplainError(EXIT_UNREACHABLE, f"{safe_url(target)}: HTTP {response.status}")
+    body = response.body
     try:
         doc = json.loads(body)
     except ValueError:
@@ -84,6 +78,7 @@ class Fleet:
         self.gpus: dict[str, tuple[Doc, Doc]] = {}  # uuid -> (gpu, node doc)
         self.workloads: dict[tuple[str, str], Workload] = {}
         self.unknowns = [f"{d['node']}: {u}" for d in docs for u in d.get("unknowns", [])]
+        clusters: list[Doc] = []
         for doc in docs:
             for gpu in doc.get("gpus", []):
                 self.gpus[gpu["uuid"]] = (gpu, doc)
@@ -108,9 +103,11 @@ class Fleet:
             for a in ray.get("actors", []):
                 if a.get("workload"):
                     self._workload(a["namespace"], a["workload"]).ray_actors.append(a)
-            cluster = ray.get("cluster")
-            if cluster:
-                self._ray_pending(cluster)
+            if ray.get("cluster"):
+                clusters.append(ray["cluster"])
+        # After every document: a namespace-less Ray cluster joins the workloads of its name.
+        for cluster in clusters:
+            self._ray_cluster(cluster)
         self.containers = [
             {**c, "node": doc["node"]} for doc in docs for c in doc.get("containers", [])
         ]
@@ -118,28 +115,31 @@ class Fleet:
             {**p, "node": doc["node"]} for doc in docs for p in doc.get("processes", [])
         ]
 
-    def _ray_pending(self, cluster: Doc) -> None:
-        """Ray work Ray cannot place is pending placement of the Ray cluster's workload."""
-        gpus = cluster.get("pending_gpus") or {}
-        if not any(gpus.values()):
-            return
-        infeasible = any(
-            g["scheduling_state"] == "INFEASIBLE" and g["count"]
-            for g in cluster.get("placement_groups", [])
-        )
-        w = self._workload(cluster["namespace"], cluster["workload"])
-        for kind, count in sorted(gpus.items()):
-            if count:
-                w.pending.append(
-                    {
-                        "namespace": cluster["namespace"],
-                        "name": f"(Ray {kind.replace('_', ' ')}s)",
-                        "uid": "-",
-                        "workload": cluster["workload"],
-                        "gpus": count,
-                        "reason": "ray_infeasible" if infeasible else "ray_no_resources",
-                    }
-                )
+    def _ray_cluster(self, cluster: Doc) -> None:
+        """The Ray cluster's workload, with the Ray work Ray cannot place as its pending
+        placement. A cluster-mode exporter that does not know the RayCluster's namespace
+        stands for every namespace with a workload of that name, as the recording rule
+        gpuledger:workloads:group does."""
+        name = cluster["workload"]
+        targets = [(cluster["namespace"], name)]
+        if not cluster["namespace"]:
+            targets = [k for k in self.workloads if k[1] == name and k[0]] or targets
+        gpus = {kind: count for kind, count in sorted((cluster.get("pending_gpus") or {}).items())}
+        reason = ray_pending_reason(cluster.get("placement_groups", []))
+        for namespace, _ in targets:
+            w = self._workload(namespace, name)
+            w.pending.extend(
+                {
+                    "namespace": namespace,
+                    "name": f"(Ray {kind.replace('_', ' ')}s)",
+                    "uid": "-",
+                    "workload": name,
+                    "gpus": count,
+                    "reason": reason,
+                }
+                for kind, count in gpus.items()
+                if count
+            )
 
     def _workload(self, namespace: str, name: str) -> Workload:
         key = (namespace, name)
@@ -319,15 +319,18 @@ def explain(
     return result
 
 
-STAGE_TEXT = {
-    "pending_placement": "PENDING PLACEMENT (Kubernetes/Ray cannot place it)",
-    "starting": "STARTING (placed, not serving yet)",
-    "engine_queueing": "ENGINE QUEUEING (requests wait inside the engine)",
-    "routing": "ROUTING (some replicas queue while others have headroom)",
-    "serving": "SERVING",
-    "idle": "IDLE",
-    "no_engine": "NO ENGINE (placed and running; no vLLM queue to judge)",
-}
+def verdicts(docs: Sequence[Doc], t: Thresholds | None = None) -> dict[tuple[str, str], Verdict]:
+    """The verdict of every workload the documents name, by (namespace, workload): what
+    `explain` prints for each and what the /ledger page shows."""
+    fleet = Fleet(docs)
+    return {
+        key: workload_verdict(w.pending, list(w.pods.values()), w.engines, t or Thresholds())
+        for key, w in sorted(fleet.workloads.items())
+    }
+
+
+# How the text output names each stage: stages.json, the file the mixin renders from.
+STAGE_TEXT = {s.stage: s.text for s in STAGES}
 
 
 _UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from gpuledger.explain import verdicts
 from gpuledger.verdict import workload_verdict
 
 STYLE = """
@@ -79,9 +80,12 @@ def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
         groups[(engine["namespace"], engine["workload"])]["engines"].append(engine)
     for pending in doc.get("pending", []):
         groups[(pending["namespace"], pending["workload"])]["pending"].append(pending)
+    # The verdicts `gpuledger explain` gives on this document (Ray work the cluster view
+    # cannot place included); an engine no workload owns is judged on its own.
+    judged = verdicts([doc])
     rows = []
     for (ns, name), g in sorted(groups.items()):
-        verdict = workload_verdict(g["pending"], g["pods"], g["engines"])
+        verdict = judged.get((ns, name)) or workload_verdict(g["pending"], g["pods"], g["engines"])
         waiting = sum(e.get("requests_waiting") or 0 for e in g["engines"] if e["up"])
         running = sum(e.get("requests_running") or 0 for e in g["engines"] if e["up"])
         kv = [

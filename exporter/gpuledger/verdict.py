@@ -1,37 +1,70 @@
 """Where a workload's requests wait: one verdict from the ledger documents. Pure.
 
-The stage precedence is the mixin's (`gpuledger:workload_stage`): pending_placement >
-starting > engine_queueing > serving > idle; `routing` replaces engine_queueing when some
-engines of the workload queue while a sibling has headroom, because the fix is then in the
-router, not the engine. Thresholds default to the mixin's config.libsonnet values.
+The stages, their precedence, each stage's reasons (strongest first) and the thresholds are
+defined once, in stages.json next to this module; the mixin's recording rules
+(alerts/rules.libsonnet) are rendered from the same file. A workload is in the first stage
+whose condition holds, and gets the strongest reason that holds: each condition below is
+the one the recording rule `gpuledger:workload_stage_reason_code:max` computes, so explain,
+the /ledger page and Prometheus agree (tests/mixin/test_stage_differential.py runs both on
+the same snapshots).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 Doc = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
+class StageDef:
+    stage: str
+    code: int
+    layer: str | None
+    text: str
+    reasons: tuple[str, ...]
+
+
+def _load_model() -> tuple[dict[str, float], tuple[StageDef, ...]]:
+    raw = json.loads(resources.files("gpuledger").joinpath("stages.json").read_text())
+    stages = tuple(
+        StageDef(s["stage"], int(s["code"]), s["layer"], s["text"], tuple(s["reasons"]))
+        for s in raw["stages"]
+    )
+    return {k: float(v) for k, v in raw["thresholds"].items()}, stages
+
+
+DEFAULTS, STAGES = _load_model()
+STAGE = {s.stage: s for s in STAGES}
+
+
+@dataclass(frozen=True)
 class Thresholds:
-    queueing_min_waiting: float = 1
-    kv_pressure: float = 0.9
-    kv_headroom: float = 0.8
+    queueing_min_waiting: float = DEFAULTS["queueingMinWaitingRequests"]
+    kv_pressure: float = DEFAULTS["kvCachePressureRatio"]
+    kv_headroom: float = DEFAULTS["kvCacheHeadroomRatio"]
 
 
 @dataclass(frozen=True)
 class Verdict:
-    # pending_placement | starting | engine_queueing | routing | serving | idle | no_engine
-    stage: str
-    reason: str | None
+    stage: str  # a stage of stages.json
+    reason: str | None  # one of that stage's reasons; None for a stage without reasons
     evidence: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.stage, "reason": self.reason, "evidence": list(self.evidence)}
+
+
+def strongest(stage: str, reasons: Iterable[str]) -> str:
+    """The reason of `stage` that comes first in stages.json among those that hold. A reason
+    the file does not know counts as `other` (the recording rules do the same)."""
+    order = STAGE[stage].reasons
+    held = {r if r in order else "other" for r in reasons}
+    return next(r for r in order if r in held)
 
 
 def _pct(ratio: float | None) -> str:
@@ -42,32 +75,204 @@ def _name(engine: Doc) -> str:
     return f"{engine['namespace']}/{engine['pod']} engine {engine['engine'] or '?'}"
 
 
+def _waiting(engine: Doc) -> float:
+    return float(engine.get("requests_waiting") or 0)
+
+
+def _running(engine: Doc) -> float:
+    return float(engine.get("requests_running") or 0)
+
+
+def _kv(engine: Doc) -> float | None:
+    kv = engine.get("kv_cache_usage_ratio")
+    return None if kv is None else float(kv)
+
+
+def _max_num_seqs(engine: Doc) -> int | None:
+    text = str((engine.get("config") or {}).get("max_num_seqs", ""))
+    return int(text) if text.isdigit() else None
+
+
+def at_max_num_seqs(engine: Doc) -> bool:
+    """gpuledger:engine_at_max_num_seqs:max: False where --max-num-seqs is not set."""
+    limit = _max_num_seqs(engine)
+    return limit is not None and _running(engine) >= limit
+
+
+def queueing(engine: Doc, t: Thresholds) -> bool:
+    """gpuledger:engine_queueing:max: an engine that is up has enough requests waiting."""
+    return bool(engine.get("up")) and _waiting(engine) >= t.queueing_min_waiting
+
+
+def has_headroom(engine: Doc, t: Thresholds) -> bool:
+    """gpuledger:engine_headroom:max: up, not queueing, KV cache below the headroom ratio,
+    below max_num_seqs."""
+    kv = _kv(engine)
+    return (
+        bool(engine.get("up"))
+        and not queueing(engine, t)
+        and kv is not None
+        and kv < t.kv_headroom
+        and not at_max_num_seqs(engine)
+    )
+
+
+def _deferred(engine: Doc) -> bool:
+    by_reason: Mapping[str, float] = engine.get("waiting_by_reason") or {}
+    return by_reason.get("deferred", 0) > 0 and by_reason.get("capacity", 0) == 0
+
+
+def _kv_pressure(engine: Doc, t: Thresholds) -> bool:
+    kv = _kv(engine)
+    return kv is not None and kv >= t.kv_pressure
+
+
+def _bound_by_max_num_seqs(engine: Doc, t: Thresholds) -> bool:
+    # The alert GpuLedgerEngineQueueingAtMaxNumSeqs: at max_num_seqs with KV headroom.
+    kv = _kv(engine)
+    return at_max_num_seqs(engine) and kv is not None and kv < t.kv_headroom
+
+
+# Why a queueing engine queues, per reason of the engine_queueing stage (their order is in
+# stages.json): the conditions of gpuledger:engine_queue_reason_rank:max.
+ENGINE_QUEUE_REASONS: dict[str, Callable[[Doc, Thresholds], bool]] = {
+    "kv_cache": _kv_pressure,
+    "deferred": lambda e, _t: _deferred(e),
+    "max_num_seqs": _bound_by_max_num_seqs,
+    "other": lambda _e, _t: True,
+}
+
+
 def engine_queue_reason(engine: Doc, t: Thresholds) -> tuple[str, str]:
-    """Why one queueing engine queues: kv_cache, max_num_seqs, deferred or other."""
-    waiting = engine.get("requests_waiting") or 0
-    running = engine.get("requests_running") or 0
-    kv = engine.get("kv_cache_usage_ratio")
-    by_reason = engine.get("waiting_by_reason") or {}
-    max_seqs = (engine.get("config") or {}).get("max_num_seqs", "")
-    head = f"{_name(engine)}: {waiting:g} waiting, {running:g} running, KV cache {_pct(kv)}"
-    preempted = engine.get("preemptions_total")
-    if kv is not None and kv >= t.kv_pressure:
+    """Why one queueing engine queues (the strongest reason that holds), and the evidence."""
+    reason = strongest(
+        "engine_queueing", (r for r, holds in ENGINE_QUEUE_REASONS.items() if holds(engine, t))
+    )
+    kv = _kv(engine)
+    head = (
+        f"{_name(engine)}: {_waiting(engine):g} waiting, {_running(engine):g} running, "
+        f"KV cache {_pct(kv)}"
+    )
+    if reason == "kv_cache":
+        preempted = engine.get("preemptions_total")
         extra = f", {preempted:g} preemptions so far" if preempted else ""
-        return "kv_cache", f"{head} (>= {_pct(t.kv_pressure)}){extra}"
-    if by_reason and by_reason.get("deferred", 0) > 0 and by_reason.get("capacity", 0) == 0:
-        return "deferred", f"{head}; all waiting requests are deferred by the engine"
-    if max_seqs.isdigit() and running >= int(max_seqs):
-        return "max_num_seqs", f"{head}; running = --max-num-seqs {max_seqs} with KV headroom"
-    return "other", head
+        return reason, f"{head} (>= {_pct(t.kv_pressure)}){extra}"
+    if reason == "deferred":
+        return reason, f"{head}; all waiting requests are deferred by the engine"
+    if reason == "max_num_seqs":
+        limit = _max_num_seqs(engine)
+        return reason, f"{head}; running = --max-num-seqs {limit} with KV headroom"
+    return reason, head
 
 
-def _has_headroom(engine: Doc, t: Thresholds) -> bool:
-    if not engine.get("up") or (engine.get("requests_waiting") or 0) > 0:
-        return False
-    kv = engine.get("kv_cache_usage_ratio")
-    max_seqs = (engine.get("config") or {}).get("max_num_seqs", "")
-    below_seqs = not max_seqs.isdigit() or (engine.get("requests_running") or 0) < int(max_seqs)
-    return kv is not None and kv < t.kv_headroom and below_seqs
+def ray_pending_reason(placement_groups: Iterable[Doc]) -> str:
+    """Ray work that cannot be placed: `ray_infeasible` while a PENDING placement group is
+    INFEASIBLE (gpuledger:workload_ray_placement_groups_pending:sum), else ray_no_resources."""
+    infeasible = any(
+        g.get("state") == "PENDING" and g.get("scheduling_state") == "INFEASIBLE" and g["count"]
+        for g in placement_groups
+    )
+    return "ray_infeasible" if infeasible else "ray_no_resources"
+
+
+@dataclass(frozen=True)
+class _Facts:
+    pending: Sequence[Doc]
+    pods: Sequence[Doc]
+    engines: Sequence[Doc]
+    t: Thresholds
+    up: list[Doc] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "up", [e for e in self.engines if e.get("up")])
+
+
+def _pending_placement(f: _Facts) -> Verdict | None:
+    # Only pods that ask for GPUs: the rules count gpuledger_pod_pending_gpus > 0.
+    pending = [p for p in f.pending if (p.get("gpus") or 0) > 0]
+    if not pending:
+        return None
+    return Verdict(
+        "pending_placement",
+        strongest("pending_placement", (str(p.get("reason") or "other") for p in pending)),
+        tuple(
+            f"pod {p['namespace']}/{p['name']} not placed: {p.get('reason') or 'other'}"
+            f" ({p.get('gpus', 0)} GPU(s) requested)"
+            for p in pending
+        ),
+    )
+
+
+def _starting(f: _Facts) -> Verdict | None:
+    starting = [p for p in f.pods if p.get("starting")]
+    down = [e for e in f.engines if not e.get("up")]
+    if not starting and not down:
+        return None
+    reasons = (["pod_not_ready"] if starting else []) + (["engine_not_up"] if down else [])
+    evidence = [
+        f"pod {p['namespace']}/{p['name']} placed on {p.get('node') or '?'}, not Ready yet"
+        for p in starting
+    ]
+    evidence += [
+        f"{_name(e)} not answering at {e.get('url')}"
+        + (f" ({e['reason']})" if e.get("reason") else "")
+        for e in down
+    ]
+    return Verdict("starting", strongest("starting", reasons), tuple(evidence))
+
+
+def _routing(f: _Facts) -> Verdict | None:
+    queued = [e for e in f.up if queueing(e, f.t)]
+    siblings = [e for e in f.up if has_headroom(e, f.t)]
+    if not queued or not siblings:
+        return None
+    evidence = [engine_queue_reason(e, f.t)[1] for e in queued] + [
+        f"{_name(e)}: {_waiting(e):g} waiting, {_running(e):g} running, "
+        f"KV cache {_pct(_kv(e))}: has headroom"
+        for e in siblings
+    ]
+    return Verdict("routing", strongest("routing", ["imbalance"]), tuple(evidence))
+
+
+def _engine_queueing(f: _Facts) -> Verdict | None:
+    explained = [engine_queue_reason(e, f.t) for e in f.up if queueing(e, f.t)]
+    if not explained:
+        return None
+    reason = strongest("engine_queueing", (r for r, _ in explained))
+    return Verdict("engine_queueing", reason, tuple(text for _, text in explained))
+
+
+def _serving(f: _Facts) -> Verdict | None:
+    # Summed over every engine, as gpuledger:workload_requests_running:sum does; an engine
+    # that is down already makes the workload `starting`.
+    running = sum(_running(e) for e in f.engines)
+    if running <= 0:
+        return None
+    return Verdict("serving", None, (f"{running:g} request(s) running, none waiting",))
+
+
+def _idle(f: _Facts) -> Verdict | None:
+    if not f.engines:
+        return None
+    return Verdict("idle", None, ("engines up, no request running or waiting",))
+
+
+def _no_engine(_f: _Facts) -> Verdict | None:
+    # Not an LLM server (a training job, a notebook) or its engine is not discovered: there
+    # is no request queue to judge.
+    return Verdict("no_engine", None, ("placed and running; no vLLM engine found for it",))
+
+
+# The condition of each stage; workload_verdict tries them in stages.json's order.
+STAGE_CONDITIONS: dict[str, Callable[[_Facts], Verdict | None]] = {
+    "pending_placement": _pending_placement,
+    "starting": _starting,
+    "routing": _routing,
+    "engine_queueing": _engine_queueing,
+    "serving": _serving,
+    "idle": _idle,
+    "no_engine": _no_engine,
+}
 
 
 def workload_verdict(
@@ -76,53 +281,9 @@ def workload_verdict(
     engines: Sequence[Doc],
     t: Thresholds | None = None,
 ) -> Verdict:
-    t = t or Thresholds()
-    if pending:
-        reasons = Counter(str(p.get("reason") or "other") for p in pending)
-        reason = reasons.most_common(1)[0][0]
-        return Verdict(
-            "pending_placement",
-            reason,
-            tuple(
-                f"pod {p['namespace']}/{p['name']} not placed: {p.get('reason') or 'other'}"
-                f" ({p.get('gpus', 0)} GPU(s) requested)"
-                for p in pending
-            ),
-        )
-    starting = [p for p in pods if p.get("starting")]
-    down = [e for e in engines if not e.get("up")]
-    if starting or down:
-        evidence = [
-            f"pod {p['namespace']}/{p['name']} placed on {p.get('node') or '?'}, not Ready yet"
-            for p in starting
-        ]
-        evidence += [
-            f"{_name(e)} not answering at {e.get('url')}"
-            + (f" ({e['reason']})" if e.get("reason") else "")
-            for e in down
-        ]
-        return Verdict(
-            "starting", "pod_not_ready" if starting else "engine_not_up", tuple(evidence)
-        )
-    up = [e for e in engines if e.get("up")]
-    queueing = [e for e in up if (e.get("requests_waiting") or 0) >= t.queueing_min_waiting]
-    if queueing:
-        idle_siblings = [e for e in up if e not in queueing and _has_headroom(e, t)]
-        explained = [engine_queue_reason(e, t) for e in queueing]
-        if idle_siblings:
-            evidence = [text for _, text in explained] + [
-                f"{_name(e)}: 0 waiting, {e.get('requests_running') or 0:g} running, "
-                f"KV cache {_pct(e.get('kv_cache_usage_ratio'))}: has headroom"
-                for e in idle_siblings
-            ]
-            return Verdict("routing", "imbalance", tuple(evidence))
-        reason = Counter(r for r, _ in explained).most_common(1)[0][0]
-        return Verdict("engine_queueing", reason, tuple(text for _, text in explained))
-    running = sum(e.get("requests_running") or 0 for e in up)
-    if running > 0:
-        return Verdict("serving", None, (f"{running:g} request(s) running, none waiting",))
-    if not engines:
-        # Not an LLM server (a training job, a notebook) or its engine is not discovered:
-        # there is no request queue to judge.
-        return Verdict("no_engine", None, ("placed and running; no vLLM engine found for it",))
-    return Verdict("idle", None, ("engines up, no request running or waiting",))
+    facts = _Facts(pending, pods, engines, t or Thresholds())
+    for stage in STAGES:
+        verdict = STAGE_CONDITIONS[stage.stage](facts)
+        if verdict is not None:
+            return verdict
+    raise AssertionError("stages.json must end with a stage whose condition always holds")
