@@ -8,7 +8,17 @@
 //
 // Rules, alerts, their promtool tests and the dashboards all read these values, so the
 // rendered tests keep testing both sides of each `for:` after a change (scripts/render-mixin).
+//
+// The workload stages, their precedence and reasons, and the defaults of the thresholds
+// below come from exporter/gpuledger/stages.json, the file `gpuledger explain` and the
+// /ledger page judge by too: the recording rules and explain agree by construction
+// (tests/mixin/test_stage_differential.py checks it on real expositions).
+local stages = import 'exporter/gpuledger/stages.json';
+
 {
+  // Stage definitions (stages.json): rules, alerts and dashboards read them from here.
+  _stages:: stages,
+
   _config+:: {
     // ---------------------------------------------------------------- selectors
 
@@ -30,17 +40,20 @@
 
     // ---------------------------------------------------------------- thresholds
 
+    // The defaults are stages.json's; `gpuledger explain` uses the same values (its
+    // Thresholds), so change them there for both, or here for the mixin only.
+
     // An engine is "queueing" when at least this many requests wait in it. The workload
-    // stage is `engine_queueing` when its engines together have at least this many.
-    queueingMinWaitingRequests: 1,
+    // stage is `engine_queueing` (or `routing`) when at least one of its engines queues.
+    queueingMinWaitingRequests: stages.thresholds.queueingMinWaitingRequests,
 
     // KV-cache usage (0-1) at or above which a queueing engine is memory-bound.
-    kvCachePressureRatio: 0.9,
+    kvCachePressureRatio: stages.thresholds.kvCachePressureRatio,
 
     // KV-cache usage (0-1) below which an engine has KV headroom: a queueing engine
-    // below it is bound by a capacity setting (max_num_seqs), and a non-queueing engine
-    // below it (and below max_num_seqs) can take load from a queueing sibling.
-    kvCacheHeadroomRatio: 0.8,
+    // below it at max_num_seqs is bound by that setting, and a non-queueing engine below
+    // it (and below max_num_seqs) can take load from a queueing sibling.
+    kvCacheHeadroomRatio: stages.thresholds.kvCacheHeadroomRatio,
 
     // Seconds after which the exporter's snapshot counts as stale. The collection loop
     // renews it every --interval (10s by default).

@@ -8,9 +8,12 @@
 //   ledger     allocation and physical use of GPUs disagree
 //   exporter   gpuledger itself is blind
 //
-// Placement and engine queueing never fire together for one workload: the engine and
-// routing alerts only fire while the workload's stage is `engine_queueing`, and the stage
-// has a fixed precedence (pending_placement > starting > engine_queueing), see rules.
+// Placement and engine queueing never fire together for one workload: the startup, routing
+// and engine alerts only fire while the workload is in their stage, a workload is in one
+// stage at a time (exporter/gpuledger/stages.json: pending_placement > starting > routing >
+// engine_queueing > ...), and an engine alert fires only for an engine whose reason
+// (gpuledger:engine_queue_reason_rank:max) is the alert's: what `gpuledger explain` says.
+// Those alerts take their `layer` from their stage in stages.json.
 // `runbook_url` is added to every alert in one place: add-runbook-links.libsonnet.
 {
   local c = $._config,
@@ -22,14 +25,18 @@
   // `namespace/workload`, or only `workload` for namespace-less Ray series.
   local workloadText = '{{ with $labels.namespace }}{{ . }}/{{ end }}{{ $labels.workload }}',
   local engineText = 'engine {{ $labels.engine }} (model {{ $labels.model_name }}) in pod {{ $labels.namespace }}/{{ $labels.pod }} of workload {{ $labels.workload }}',
-  local inStage(stage) = |||
+  local stageOf(name) = [s for s in $._stages.stages if s.stage == name][0],
+  local inStage(stage) = std.rstripChars(|||
     and on (%(wkey)s)
     (gpuledger:workload_stage:onehot{stage="%(stage)s"} == 1)
-  ||| % { wkey: wkey, stage: stage },
-  local notImbalanced = std.rstripChars(|||
-    unless on (%(wkey)s)
-    (gpuledger:workload_routing_imbalance:count > 0)
-  ||| % { wkey: wkey }, '\n'),
+  ||| % { wkey: wkey, stage: stage }, '\n'),
+  // An engine whose strongest engine_queueing reason is `reason`.
+  local engineReason(reason) =
+    local reasons = stageOf('engine_queueing').reasons;
+    std.rstripChars(|||
+      and on (%(ekey)s)
+      (gpuledger:engine_queue_reason_rank:max == %(rank)d)
+    ||| % { ekey: ekey, rank: std.length(reasons) - std.find(reason, reasons)[0] }, '\n'),
   // Ledger alerts stay silent on a node where a source the ledger needs is down.
   local ledgerSourcesUp = |||
     unless on (%(cl)s, node)
@@ -60,7 +67,7 @@
               gpuledger:workload_pods_pending_placement:sum > 0
             |||,
             'for': c.podsPendingPlacementFor,
-            labels: { severity: 'warning', layer: 'placement' },
+            labels: { severity: 'warning', layer: stageOf('pending_placement').layer },
             annotations: {
               summary: 'GPU pods of a workload cannot be placed on a node.',
               description: '{{ $value }} GPU pod(s) of workload ' + workloadText + ' have been pending placement for %s: ' % c.podsPendingPlacementFor + reasonText + ' (reason {{ $labels.reason }}).',
@@ -72,7 +79,7 @@
               gpuledger:workload_ray_placement_groups_pending:sum{scheduling_state="INFEASIBLE"} > 0
             |||,
             'for': c.rayPlacementGroupsInfeasibleFor,
-            labels: { severity: 'warning', layer: 'placement' },
+            labels: { severity: 'warning', layer: stageOf('pending_placement').layer },
             annotations: {
               summary: 'Ray placement groups ask for resources no node of the Ray cluster can ever provide.',
               description: '{{ $value }} Ray placement group(s) of workload ' + workloadText + ' have been INFEASIBLE for %s: their bundles fit on no node the Ray cluster has or can autoscale to. Waiting will not help.' % c.rayPlacementGroupsInfeasibleFor,
@@ -84,7 +91,7 @@
               gpuledger:workload_ray_placement_groups_pending:sum{scheduling_state="NO_RESOURCES"} > 0
             |||,
             'for': c.rayPlacementGroupsWaitingFor,
-            labels: { severity: 'warning', layer: 'placement' },
+            labels: { severity: 'warning', layer: stageOf('pending_placement').layer },
             annotations: {
               summary: 'Ray placement groups wait for resources that are in use.',
               description: '{{ $value }} Ray placement group(s) of workload ' + workloadText + ' have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor,
@@ -101,7 +108,7 @@
               max by (%(wkey)s) (gpuledger:workload_stage:onehot{stage="starting"} == 1)
             ||| % { wkey: wkey },
             'for': c.workloadStartingFor,
-            labels: { severity: 'warning', layer: 'startup' },
+            labels: { severity: 'warning', layer: stageOf('starting').layer },
             annotations: {
               summary: 'A workload is placed but its engines have not come up.',
               description: 'Workload ' + workloadText + ' has been starting for %s: its pods are placed on nodes, but GPU containers are not ready or vLLM engines do not answer.' % c.workloadStartingFor,
@@ -115,19 +122,12 @@
           {
             alert: 'GpuLedgerEngineQueueingKvCachePressure',
             expr: |||
-              max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s} >= %(pressure)g)
-              and on (%(ekey)s)
-              (gpuledger:engine_queueing:max == 1)
-              %(inStage)s%(notImbalanced)s
-            ||| % {
-              ekey: ekey,
-              sel: sel,
-              pressure: c.kvCachePressureRatio,
-              inStage: std.rstripChars(inStage('engine_queueing'), '\n') + '\n',
-              notImbalanced: notImbalanced,
-            },
+              max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s})
+              %(reason)s
+              %(inStage)s
+            ||| % { ekey: ekey, sel: sel, reason: engineReason('kv_cache'), inStage: inStage('engine_queueing') },
             'for': c.engineKvCachePressureFor,
-            labels: { severity: 'warning', layer: 'engine' },
+            labels: { severity: 'warning', layer: stageOf('engine_queueing').layer },
             annotations: {
               summary: 'A vLLM engine queues requests because its KV cache is full.',
               description: 'Requests have been waiting in ' + engineText + ' for %s with its KV cache {{ $value | humanizePercentage }} full, and no sibling engine has headroom.' % c.engineKvCachePressureFor,
@@ -139,22 +139,11 @@
               max by (%(ekey)s) (gpuledger_engine_requests{%(sel)s, state="waiting"})
               * on (%(ekey)s) group_left (max_num_seqs)
               max by (%(ekey)s, max_num_seqs) (gpuledger_engine_config_info{%(sel)s})
-              and on (%(ekey)s)
-              (gpuledger:engine_queueing:max == 1)
-              and on (%(ekey)s)
-              (gpuledger:engine_at_max_num_seqs:max == 1)
-              and on (%(ekey)s)
-              (max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s}) < %(headroom)g)
-              %(inStage)s%(notImbalanced)s
-            ||| % {
-              ekey: ekey,
-              sel: sel,
-              headroom: c.kvCacheHeadroomRatio,
-              inStage: std.rstripChars(inStage('engine_queueing'), '\n') + '\n',
-              notImbalanced: notImbalanced,
-            },
+              %(reason)s
+              %(inStage)s
+            ||| % { ekey: ekey, sel: sel, reason: engineReason('max_num_seqs'), inStage: inStage('engine_queueing') },
             'for': c.engineMaxNumSeqsFor,
-            labels: { severity: 'warning', layer: 'engine' },
+            labels: { severity: 'warning', layer: stageOf('engine_queueing').layer },
             annotations: {
               summary: 'A vLLM engine queues requests at max_num_seqs while its KV cache has room.',
               description: '{{ $value }} request(s) have been waiting in ' + engineText + ' for %s while it runs max_num_seqs={{ $labels.max_num_seqs }} requests and its KV cache is below %s%%: the max_num_seqs setting, not memory, bounds the batch, and no sibling engine has headroom.' % [c.engineMaxNumSeqsFor, '%g' % (c.kvCacheHeadroomRatio * 100)],
@@ -190,9 +179,9 @@
             expr: |||
               gpuledger:workload_routing_imbalance:count > 0
               %(inStage)s
-            ||| % { inStage: std.rstripChars(inStage('engine_queueing'), '\n') },
+            ||| % { inStage: inStage('routing') },
             'for': c.routingImbalanceFor,
-            labels: { severity: 'warning', layer: 'routing' },
+            labels: { severity: 'warning', layer: stageOf('routing').layer },
             annotations: {
               summary: 'Some engines of a workload queue while sibling engines have headroom.',
               description: '{{ $value }} engine(s) of workload ' + workloadText + ' have had requests waiting for %s while ' % c.routingImbalanceFor

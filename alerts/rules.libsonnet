@@ -15,11 +15,14 @@
   local ekey = '%s, node, namespace, workload, pod, pod_uid, model_name, engine' % cl,
   local pkey = '%s, node, namespace, pod, pod_uid' % cl,
 
-  // Series that name a workload and always carry its namespace.
+  // Series that name a workload and always carry its namespace: the workloads that
+  // `gpuledger explain` gives a verdict (exporter/gpuledger/explain.py, Fleet).
   local namespacedWorkloadSeries = [
     'gpuledger_pod_pending_placement{%s, workload!=""}' % sel,
     'gpuledger_pod_starting{%s, workload!=""}' % sel,
     'gpuledger_engine_up{%s, workload!=""}' % sel,
+    // A container using a GPU it is not allocated: a GPU workload, even without a request.
+    'gpuledger_gpu_unallocated_use{%s, workload!=""} == 1' % sel,
     'gpuledger_ray_actor_gpus{%s, workload!=""}' % sel,
     'gpuledger_ray_pending_gpus{%s, workload!="", namespace!=""}' % sel,
     'gpuledger_ray_placement_groups{%s, workload!="", namespace!=""}' % sel,
@@ -36,15 +39,95 @@
   ]),
   local union(series) = std.join('\nor\n', series),
 
-  // Stage precedence, strongest first. The code is what gpuledger:workload_stage_code:max
-  // records; gpuledger:workload_stage:onehot has one series per entry.
-  stages:: [
-    { stage: 'pending_placement', code: 4 },
-    { stage: 'starting', code: 3 },
-    { stage: 'engine_queueing', code: 2 },
-    { stage: 'serving', code: 1 },
-    { stage: 'idle', code: 0 },
+  // ------------------------------------------------------------------ stages
+  // Stages, their precedence and reasons: exporter/gpuledger/stages.json (through
+  // config.libsonnet's `_stages`), the file `gpuledger explain` judges by too.
+  local model = $._stages,
+  local stageOf(name) = [s for s in model.stages if s.stage == name][0],
+  // Within a stage the first reason of stages.json is the strongest: highest rank.
+  local rank(stage, reason) =
+    local reasons = stageOf(stage).reasons;
+    std.length(reasons) - std.find(reason, reasons)[0],
+  // One number orders every (stage, reason): stage code * 100 + reason rank, so one `max`
+  // picks the stage by precedence and, within it, the strongest reason.
+  local code(stage, reason) =
+    stageOf(stage).code * 100 + (if reason == null then 0 else rank(stage, reason)),
+
+  // Ray's pending-placement reasons; every other reason of pending_placement is the
+  // `reason` label of gpuledger_pod_pending_placement (`other` also takes labels
+  // stages.json does not name).
+  local rayReasons = ['ray_infeasible', 'ray_no_resources'],
+  local podReasons = [r for r in stageOf('pending_placement').reasons if !std.member(rayReasons, r)],
+  local podReasonSelector(r) =
+    if r == 'other'
+    then '{reason!~"%s"}' % std.join('|', [x for x in podReasons if x != 'other'])
+    else '{reason="%s"}' % r,
+  // Ray conditions for a key: namespaced, or namespace-less (joined on the name only).
+  local rayPending(key, ns) =
+    'sum by (%s) (gpuledger:workload_ray_gpus_pending:sum%s) > 0' % [key, ns],
+  local rayInfeasible(key, ns) =
+    'sum by (%s) (gpuledger:workload_ray_placement_groups_pending:sum{%sscheduling_state="INFEASIBLE"}) > 0'
+    % [key, if ns == '' then '' else 'namespace="", '],
+  local rayKeys = [[wkey, ''], ['%s, workload' % cl, '{namespace=""}']],
+  local rayCondition(reason, key, ns) =
+    if reason == 'ray_infeasible'
+    then '%s\nand on (%s)\n%s' % [rayPending(key, ns), key, rayInfeasible(key, ns)]
+    else '%s\nunless on (%s)\n%s' % [rayPending(key, ns), key, rayInfeasible(key, ns)],
+
+  // Each stage's conditions: [reason, condition, the labels it joins the workload on].
+  // These are the conditions gpuledger/verdict.py checks on the ledger.
+  local conditions = {
+    pending_placement: [
+      if std.member(rayReasons, r) then [r, rayCondition(r, k[0], k[1]), k[0]]
+      else [r, 'sum by (%s) (gpuledger:workload_pods_pending_placement:sum%s) > 0' % [wkey, podReasonSelector(r)], wkey]
+      for r in stageOf('pending_placement').reasons
+      for k in (if std.member(rayReasons, r) then rayKeys else [rayKeys[0]])
+    ],
+    starting: [
+      ['pod_not_ready', 'gpuledger:workload_pods_starting:sum > 0', wkey],
+      ['engine_not_up', 'gpuledger:workload_engines_up:sum < gpuledger:workload_engines_expected:count', wkey],
+    ],
+    routing: [['imbalance', 'gpuledger:workload_routing_imbalance:count > 0', wkey]],
+    engine_queueing: [
+      [r, 'max by (%s) (gpuledger:engine_queue_reason_rank:max) == %d' % [wkey, rank('engine_queueing', r)], wkey]
+      for r in stageOf('engine_queueing').reasons
+    ],
+    serving: [[null, 'gpuledger:workload_requests_running:sum > 0', wkey]],
+    idle: [[null, 'gpuledger:workload_engines_expected:count > 0', wkey]],
+    no_engine: [[null, null, wkey]],  // every workload: the last stage always holds
+  },
+  assert std.set(std.objectFields(conditions)) == std.set([s.stage for s in model.stages])
+         : 'alerts/rules.libsonnet has conditions for other stages than stages.json',
+  assert [s.code for s in model.stages] == std.reverse(std.set([s.code for s in model.stages]))
+         : 'stage codes must be distinct and decrease in the order of stages (their precedence)',
+  assert [s for s in model.stages if std.length(s.reasons) >= 100] == [] : 'a reason rank must fit in two digits',
+  assert [s for s in model.stages if s.reasons != [] && std.set([c[0] for c in conditions[s.stage]]) != std.set(s.reasons)] == []
+         : 'every reason of stages.json needs a condition in alerts/rules.libsonnet',
+  // Every condition, strongest first: `or` keeps the first one present per workload.
+  local candidates = [
+    if c[1] == null then '%d * gpuledger:workloads:group' % code(s.stage, c[0])
+    else '%d * (\n  gpuledger:workloads:group\n  and on (%s)\n  (\n%s\n  )\n)' % [code(s.stage, c[0]), c[2], indent(c[1], 4)]
+    for s in model.stages
+    for c in std.sort(conditions[s.stage], function(c) if c[0] == null then 0 else -rank(s.stage, c[0]))
   ],
+
+  // Per queueing engine: why it queues, as the rank of the engine_queueing reason.
+  local engineReasonCondition = {
+    kv_cache: 'max by (%s) (gpuledger_engine_kv_cache_usage_ratio{%s}) >= %g' % [ekey, sel, c.kvCachePressureRatio],
+    deferred: |||
+      max by (%(ekey)s) (gpuledger_engine_requests_waiting_by_reason{%(sel)s, reason="deferred"}) > 0
+      unless on (%(ekey)s)
+      max by (%(ekey)s) (gpuledger_engine_requests_waiting_by_reason{%(sel)s, reason="capacity"}) > 0
+    ||| % { ekey: ekey, sel: sel },
+    max_num_seqs: |||
+      gpuledger:engine_at_max_num_seqs:max == 1
+      and on (%(ekey)s)
+      max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s}) < %(headroom)g
+    ||| % { ekey: ekey, sel: sel, headroom: c.kvCacheHeadroomRatio },
+    other: null,
+  },
+  assert std.set(std.objectFields(engineReasonCondition)) == std.set(stageOf('engine_queueing').reasons)
+         : 'every engine_queueing reason of stages.json needs a condition in alerts/rules.libsonnet',
 
   prometheusRules+:: {
     groups+: [
@@ -182,6 +265,19 @@
               sum by (%(wkey)s) (gpuledger:engine_headroom:max)
             ||| % { wkey: wkey },
           },
+          // Per queueing engine: the rank (stages.json order, strongest highest) of the
+          // strongest engine_queueing reason that holds for it.
+          {
+            record: 'gpuledger:engine_queue_reason_rank:max',
+            expr: 'max by (%s) (\n%s\n)\n' % [ekey, indent(std.join('\nor\n', [
+              local cond = engineReasonCondition[r];
+              if cond == null
+              then '%d * (gpuledger:engine_queueing:max == 1)' % rank('engine_queueing', r)
+              else '%d * (\n  gpuledger:engine_queueing:max == 1\n  and on (%s)\n  (\n%s\n  )\n)' % [rank('engine_queueing', r), ekey, indent(cond, 4)]
+              // `or` keeps the first present per engine: strongest first.
+              for r in stageOf('engine_queueing').reasons
+            ]), 2)],
+          },
           // ------------------------------------------------------------ routing
           // Engines that queue while a sibling engine of the same workload has headroom;
           // 0 when the workload's engines are balanced (all queue, or none does).
@@ -222,44 +318,18 @@
               namespaceless4: indent(union(namespacelessWorkloadSeries), 4),
             },
           },
-          // The stage code: the highest-precedence condition that holds (4 pending
-          // placement, 3 starting, 2 engine queueing, 1 serving, 0 idle).
+          // The stage and its reason as one number, stage code * 100 + reason rank: the
+          // strongest condition of stages.json that holds.
+          {
+            record: 'gpuledger:workload_stage_reason_code:max',
+            expr: 'max by (%s) (\n%s\n)\n' % [wkey, indent(std.join('\nor\n', candidates), 2)],
+          },
+          // The stage code alone (stages.json `code`), for a Grafana state timeline.
           {
             record: 'gpuledger:workload_stage_code:max',
             expr: |||
-              max by (%(wkey)s) (
-                4 * (
-                  gpuledger:workloads:group
-                  and on (%(wkey)s) (gpuledger:workload_gpus_pending_placement:sum > 0)
-                  or
-                  gpuledger:workloads:group
-                  and on (%(wkey)s) (sum by (%(wkey)s) (gpuledger:workload_ray_gpus_pending:sum) > 0)
-                  or
-                  gpuledger:workloads:group
-                  and on (%(cl)s, workload) (sum by (%(cl)s, workload) (gpuledger:workload_ray_gpus_pending:sum{namespace=""}) > 0)
-                )
-                or
-                3 * (
-                  gpuledger:workloads:group
-                  and on (%(wkey)s) (gpuledger:workload_pods_starting:sum > 0)
-                  or
-                  gpuledger:workloads:group
-                  and on (%(wkey)s) (gpuledger:workload_engines_up:sum < gpuledger:workload_engines_expected:count)
-                )
-                or
-                2 * (
-                  gpuledger:workloads:group
-                  and on (%(wkey)s) (gpuledger:workload_requests_waiting:sum >= %(minWaiting)d)
-                )
-                or
-                1 * (
-                  gpuledger:workloads:group
-                  and on (%(wkey)s) (gpuledger:workload_requests_running:sum > 0)
-                )
-                or
-                0 * gpuledger:workloads:group
-              )
-            ||| % { wkey: wkey, cl: cl, minWaiting: c.queueingMinWaitingRequests },
+              floor(gpuledger:workload_stage_reason_code:max / 100)
+            |||,
           },
         ] + [
           // One series per stage and workload: exactly one of them is 1.
@@ -268,7 +338,17 @@
             expr: 'gpuledger:workload_stage_code:max == bool %d\n' % s.code,
             labels: { stage: s.stage },
           }
-          for s in $.stages
+          for s in model.stages
+        ] + [
+          // One series per workload: its stage and the reason (no `reason` label for a
+          // stage without reasons), as `gpuledger explain` names them.
+          {
+            record: 'gpuledger:workload_stage_reason:group',
+            expr: 'group by (%s) (gpuledger:workload_stage_reason_code:max == %d)\n' % [wkey, code(s.stage, r)],
+            labels: { stage: s.stage } + (if r == null then {} else { reason: r }),
+          }
+          for s in model.stages
+          for r in (if s.reasons == [] then [null] else s.reasons)
         ],
       },
       {

@@ -64,7 +64,7 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
         t.expr('gpuledger:workload_engines_with_headroom:count', { 'gpuledger:workload_engines_with_headroom:count{namespace="ml",workload="chat"}': 2 }),
         t.expr('gpuledger:workload_engines_queueing:count', { 'gpuledger:workload_engines_queueing:count{namespace="ml",workload="chat"}': 0 }),
         t.expr('gpuledger:workload_routing_imbalance:count', { 'gpuledger:workload_routing_imbalance:count{namespace="ml",workload="chat"}': 0 }),
-        t.expr('gpuledger:workload_stage_code:max', { 'gpuledger:workload_stage_code:max{namespace="ml",workload="chat"}': 1 }),
+        t.expr('gpuledger:workload_stage_code:max', { 'gpuledger:workload_stage_code:max{namespace="ml",workload="chat"}': t.stages.serving.code }),
       ],
     ),
 
@@ -78,7 +78,7 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       'KV-cache pressure',
       $.kvPressureEngines,
       fires=$.kvPressureAlerts,
-      stages={ 'ml/chat': 'engine_queueing' },
+      stages={ 'ml/chat': 'engine_queueing:kv_cache' },
       exprs=[
         t.expr('gpuledger:workload_requests_waiting_by_reason:sum', {
           'gpuledger:workload_requests_waiting_by_reason:sum{namespace="ml",reason="capacity",workload="chat"}': 6,
@@ -92,7 +92,7 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       'bound by max_num_seqs with KV headroom',
       $.maxNumSeqsEngines,
       fires=$.maxNumSeqsAlerts,
-      stages={ 'ml/chat': 'engine_queueing' },
+      stages={ 'ml/chat': 'engine_queueing:max_num_seqs' },
       exprs=[
         t.expr('gpuledger:engine_at_max_num_seqs:max', {
           ['gpuledger:engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="%s",pod_uid="uid-%s",workload="chat"}' % [p, p]]: 1
@@ -106,14 +106,27 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
     t.scenario(
       'queueing between the KV thresholds: no engine alert',
       f.engine('chat-a', waiting=2, running=5, kv=0.85, maxNumSeqs=8, gpus=['GPU-a']),
-      stages={ 'ml/chat': 'engine_queueing' },
+      stages={ 'ml/chat': 'engine_queueing:other' },
+    ),
+
+    // At max_num_seqs with KV headroom, but the engine defers every waiting request: the
+    // reason is `deferred` (stronger in stages.json), so the max_num_seqs alert stays silent.
+    t.scenario(
+      'every waiting request deferred: no max_num_seqs alert',
+      f.engine('chat-a', waiting=4, running=8, kv=0.4, maxNumSeqs=8, deferred=4, gpus=['GPU-a']),
+      stages={ 'ml/chat': 'engine_queueing:deferred' },
+      exprs=[
+        t.expr('gpuledger:engine_queue_reason_rank:max', {
+          'gpuledger:engine_queue_reason_rank:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",workload="chat"}': 3,
+        }),
+      ],
     ),
 
     t.scenario(
       'sticky routing',
       $.stickyRoutingEngines,
       fires=$.stickyRoutingAlerts,
-      stages={ 'ml/chat': 'engine_queueing' },
+      stages={ 'ml/chat': 'routing:imbalance' },
       exprs=[
         t.expr('gpuledger:workload_engines_queueing:count', { 'gpuledger:workload_engines_queueing:count{namespace="ml",workload="chat"}': 1 }),
         t.expr('gpuledger:workload_engines_with_headroom:count', { 'gpuledger:workload_engines_with_headroom:count{namespace="ml",workload="chat"}': 1 }),
@@ -130,7 +143,7 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       f.engine('chat-a', waiting=3, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'])
       + f.engine('chat-b', waiting=0, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-b']),
       fires=[maxNumSeqsAlert('chat-a', 3)],
-      stages={ 'ml/chat': 'engine_queueing' },
+      stages={ 'ml/chat': 'engine_queueing:max_num_seqs' },
       exprs=[
         t.expr('gpuledger:workload_routing_imbalance:count', { 'gpuledger:workload_routing_imbalance:count{namespace="ml",workload="chat"}': 0 }),
       ],

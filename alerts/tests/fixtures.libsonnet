@@ -23,7 +23,8 @@ local clusterExporter = { job: 'gpuledger-cluster', instance: '10.0.0.5:9402', n
 
   // One vLLM engine (a data-parallel rank `engine` of the API server in `pod`).
   // gpus: GPU UUIDs its processes hold (gpuledger_engine_gpu_info, gpus{state="in_use"});
-  // maxNumSeqs=null: --max-num-seqs not set.
+  // maxNumSeqs=null: --max-num-seqs not set. deferred: how many of the waiting requests the
+  // engine defers (waiting_by_reason); the others wait for capacity.
   engine(pod,
          namespace='ml',
          workload='chat',
@@ -37,7 +38,8 @@ local clusterExporter = { job: 'gpuledger-cluster', instance: '10.0.0.5:9402', n
          tp=1,
          pp=1,
          gpus=[],
-         preemptionsPerMinute=0)::
+         preemptionsPerMinute=0,
+         deferred=0)::
     local key = nodeExporter + $.engineKey(pod, namespace, workload, engine, model);
     [
       t.gauge('gpuledger_engine_up', key, up),
@@ -60,8 +62,8 @@ local clusterExporter = { job: 'gpuledger-cluster', instance: '10.0.0.5:9402', n
     + (if up == 1 then [
          t.gauge('gpuledger_engine_requests', key { state: 'waiting' }, waiting),
          t.gauge('gpuledger_engine_requests', key { state: 'running' }, running),
-         t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'capacity' }, waiting),
-         t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'deferred' }, 0),
+         t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'capacity' }, waiting - deferred),
+         t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'deferred' }, deferred),
          t.gauge('gpuledger_engine_kv_cache_usage_ratio', key, kv),
          t.counter('gpuledger_engine_preemptions_total', key, preemptionsPerMinute),
        ] else []),

@@ -70,6 +70,8 @@ t.file([
         'Container jupyter of pod research/notebook-x (workload notebook-x) has been using GPU GPU-n1 on node gpu-node-1 for %s without Kubernetes allocating it to that container.' % c.gpuUnallocatedUseFor,
       ),
     ],
+    // It requests no GPU, but uses one: a GPU workload without an engine.
+    stages={ 'research/notebook-x': 'no_engine' },
   ),
 
   t.scenario(

@@ -12,6 +12,7 @@
 local mixin = import '../../mixin.libsonnet';
 
 local config = mixin._config;
+local stageDefs = { [s.stage]: s for s in mixin._stages.stages };
 local groupNames = [g.name for g in mixin.prometheusRules.groups + mixin.prometheusAlerts.groups];
 local alertRules = {
   [r.alert]: r
@@ -39,6 +40,8 @@ local duration(minute) = std.toString(minute) + 'm';
 
 {
   config:: config,
+  // Stage definitions (exporter/gpuledger/stages.json) by name.
+  stages:: stageDefs,
   alertNames:: std.objectFields(alertRules),
   horizon:: horizon,
   minutes:: minutes,
@@ -74,8 +77,9 @@ local duration(minute) = std.toString(minute) + 'm';
 
   // A scenario: a test group.
   //   fires:  [alert(...)] all of one alert name, or [] when nothing may fire
-  //   stages: {'namespace/workload': stage} expected at the horizon (every workload the
-  //           rules know must be listed)
+  //   stages: {'namespace/workload': 'stage' or 'stage:reason'} expected at the horizon
+  //           (every workload the rules know must be listed; a stage that has reasons in
+  //           exporter/gpuledger/stages.json must name the reason)
   //   exprs:  extra promql_expr_test cases
   scenario(name, series, fires=[], stages={}, exprs=[])::
     local names = std.set([f.alertname for f in fires]);
@@ -90,12 +94,27 @@ local duration(minute) = std.toString(minute) + 'm';
       }
       for a in std.objectFields(alertRules)
     ];
-    local stageSample(key, stage) =
+    local workloadLabels(key) =
       local parts = std.split(key, '/');
-      local labels =
-        (if std.length(parts) == 2 && parts[0] != '' then { namespace: parts[0] } else {})
-        + { workload: parts[std.length(parts) - 1], stage: stage };
-      { labels: 'gpuledger:workload_stage:onehot{' + labelString(labels) + '}', value: 1 };
+      (if std.length(parts) == 2 && parts[0] != '' then { namespace: parts[0] } else {})
+      + { workload: parts[std.length(parts) - 1] };
+    local stageOf(key) = std.split(stages[key], ':')[0];
+    local reasonLabel(key) =
+      local parts = std.split(stages[key], ':');
+      local def = stageDefs[parts[0]];
+      assert (std.length(parts) == 2) == (def.reasons != [])
+             : 'scenario %s: %s: say the reason of stage %s, and only if it has reasons' % [name, key, parts[0]];
+      assert std.length(parts) == 1 || std.member(def.reasons, parts[1])
+             : 'scenario %s: %s: %s is no reason of stage %s' % [name, key, parts[1], parts[0]];
+      if std.length(parts) == 2 then { reason: parts[1] } else {};
+    local stageSample(key) = {
+      labels: 'gpuledger:workload_stage:onehot{' + labelString(workloadLabels(key) + { stage: stageOf(key) }) + '}',
+      value: 1,
+    };
+    local reasonSample(key) = {
+      labels: 'gpuledger:workload_stage_reason:group{' + labelString(workloadLabels(key) + { stage: stageOf(key) } + reasonLabel(key)) + '}',
+      value: 1,
+    };
     {
       name: name,
       interval: '1m',
@@ -107,15 +126,20 @@ local duration(minute) = std.toString(minute) + 'm';
         {
           expr: 'gpuledger:workload_stage:onehot == 1',
           eval_time: duration(horizon),
-          exp_samples: [stageSample(k, stages[k]) for k in std.objectFields(stages)],
+          exp_samples: [stageSample(k) for k in std.objectFields(stages)],
         },
-        // Exactly one stage is 1 for every workload, and all five series exist.
+        {
+          expr: 'gpuledger:workload_stage_reason:group',
+          eval_time: duration(horizon),
+          exp_samples: [reasonSample(k) for k in std.objectFields(stages)],
+        },
+        // Exactly one stage is 1 for every workload, and one series per stage exists.
         {
           expr: |||
             sum by (namespace, workload) (gpuledger:workload_stage:onehot) != 1
             or
-            count by (namespace, workload) (gpuledger:workload_stage:onehot) != 5
-          |||,
+            count by (namespace, workload) (gpuledger:workload_stage:onehot) != %d
+          ||| % std.length(mixin._stages.stages),
           eval_time: duration(horizon),
           exp_samples: [],
         },

@@ -22,9 +22,9 @@ local startingAlert = t.alert(
 );
 
 local situations = [
-  { name: 'KV-cache pressure', engines: e.kvPressureEngines, alerts: e.kvPressureAlerts },
-  { name: 'max_num_seqs bound', engines: e.maxNumSeqsEngines, alerts: e.maxNumSeqsAlerts },
-  { name: 'sticky routing', engines: e.stickyRoutingEngines, alerts: e.stickyRoutingAlerts },
+  { name: 'KV-cache pressure', engines: e.kvPressureEngines, alerts: e.kvPressureAlerts, stage: 'engine_queueing:kv_cache' },
+  { name: 'max_num_seqs bound', engines: e.maxNumSeqsEngines, alerts: e.maxNumSeqsAlerts, stage: 'engine_queueing:max_num_seqs' },
+  { name: 'sticky routing', engines: e.stickyRoutingEngines, alerts: e.stickyRoutingAlerts, stage: 'routing:imbalance' },
 ];
 
 t.file(std.flattenArrays([
@@ -33,19 +33,19 @@ t.file(std.flattenArrays([
       '%s, nothing pending: only the engine-side alert' % s.name,
       s.engines,
       fires=s.alerts,
-      stages={ 'ml/chat': 'engine_queueing' },
+      stages={ 'ml/chat': s.stage },
     ),
     t.scenario(
       '%s while a replica is pending placement: only the placement alert' % s.name,
       s.engines + pendingPod,
       fires=[pendingAlert],
-      stages={ 'ml/chat': 'pending_placement' },
+      stages={ 'ml/chat': 'pending_placement:insufficient_gpu' },
     ),
     t.scenario(
       '%s while a replica is starting: only the startup alert' % s.name,
       s.engines + startingReplica,
       fires=[startingAlert],
-      stages={ 'ml/chat': 'starting' },
+      stages={ 'ml/chat': 'starting:pod_not_ready' },
     ),
   ]
   for s in situations
@@ -56,7 +56,7 @@ t.file(std.flattenArrays([
       'pending placement next to healthy engines: only the placement alert',
       f.engine('chat-a', running=3, kv=0.3, gpus=['GPU-a']) + pendingPod,
       fires=[pendingAlert],
-      stages={ 'ml/chat': 'pending_placement' },
+      stages={ 'ml/chat': 'pending_placement:insufficient_gpu' },
     ),
     // Ray waits for resources while the Ray workload's engines queue with a full cache.
     t.scenario(
@@ -71,14 +71,14 @@ t.file(std.flattenArrays([
           '1 Ray placement group(s) of workload ml/chat have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor,
         ),
       ],
-      stages={ 'ml/chat': 'pending_placement' },
+      stages={ 'ml/chat': 'pending_placement:ray_no_resources' },
     ),
     // Pending placement outranks starting: one stage, one alert.
     t.scenario(
       'pending and starting replicas: only the placement alert',
       f.engine('chat-a', running=3, kv=0.3, gpus=['GPU-a']) + pendingPod + startingReplica,
       fires=[pendingAlert],
-      stages={ 'ml/chat': 'pending_placement' },
+      stages={ 'ml/chat': 'pending_placement:insufficient_gpu' },
     ),
   ],
 ]))

@@ -21,7 +21,7 @@ t.file([
         pendingDescription(2, 'ml/chat', 'no node that would take the pod has enough free GPUs', 'insufficient_gpu'),
       ),
     ],
-    stages={ 'ml/chat': 'pending_placement' },
+    stages={ 'ml/chat': 'pending_placement:insufficient_gpu' },
     exprs=[
       t.expr('gpuledger:workload_pods_pending_placement:sum', {
         'gpuledger:workload_pods_pending_placement:sum{namespace="ml",reason="insufficient_gpu",workload="chat"}': 2,
@@ -42,7 +42,7 @@ t.file([
         pendingDescription(1, 'ml/chat', "no node matches the pod's node selector or node affinity", 'node_selector'),
       ),
     ],
-    stages={ 'ml/chat': 'pending_placement' },
+    stages={ 'ml/chat': 'pending_placement:node_selector' },
   ),
 
   t.scenario(
@@ -55,7 +55,7 @@ t.file([
         pendingDescription(1, 'ml/batch', 'a scheduling gate holds the pod (queue admission such as Kueue quota)', 'scheduling_gated'),
       ),
     ],
-    stages={ 'ml/batch': 'pending_placement' },
+    stages={ 'ml/batch': 'pending_placement:scheduling_gated' },
   ),
 
   // The exporter cannot tell the RayCluster's namespace: the stage is broadcast to the
@@ -73,7 +73,7 @@ t.file([
         '1 Ray placement group(s) of workload ray-llm have been INFEASIBLE for %s: their bundles fit on no node the Ray cluster has or can autoscale to. Waiting will not help.' % c.rayPlacementGroupsInfeasibleFor,
       ),
     ],
-    stages={ 'ray/ray-llm': 'pending_placement' },
+    stages={ 'ray/ray-llm': 'pending_placement:ray_infeasible' },
     exprs=[
       t.expr('gpuledger:workloads:group', { 'gpuledger:workloads:group{namespace="ray",workload="ray-llm"}': 1 }),
     ],
@@ -92,7 +92,7 @@ t.file([
         '2 Ray placement group(s) of workload ray/ray-llm have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor,
       ),
     ],
-    stages={ 'ray/ray-llm': 'pending_placement' },
+    stages={ 'ray/ray-llm': 'pending_placement:ray_no_resources' },
     exprs=[
       t.expr('gpuledger:workload_ray_gpus_pending:sum', {
         'gpuledger:workload_ray_gpus_pending:sum{kind="actor",namespace="ray",workload="ray-llm"}': 1,
@@ -105,6 +105,6 @@ t.file([
   t.scenario(
     'Ray work of a workload only the Ray cluster knows',
     f.rayPendingGpus('ray-batch', 'actor', 2),
-    stages={ '/ray-batch': 'pending_placement' },
+    stages={ '/ray-batch': 'pending_placement:ray_no_resources' },
   ),
 ])

@@ -20,7 +20,7 @@ t.file([
     + f.ledgerFlag('gpuledger_gpu_allocated_unused', 'summarize-a', 'GPU-s2', workload='summarize')
     + f.sources(),
     fires=[startingAlert('summarize')],
-    stages={ 'ml/summarize': 'starting' },
+    stages={ 'ml/summarize': 'starting:pod_not_ready' },
   ),
 
   // Containers Ready, but the engine does not answer (crash loop, wrong port).
@@ -29,7 +29,7 @@ t.file([
     f.engine('summarize-a', workload='summarize', up=0, gpus=['GPU-s1'])
     + f.engine('summarize-b', workload='summarize', running=2, gpus=['GPU-s2']),
     fires=[startingAlert('summarize')],
-    stages={ 'ml/summarize': 'starting' },
+    stages={ 'ml/summarize': 'starting:engine_not_up' },
     exprs=[
       t.expr('gpuledger:workload_engines_up:sum', { 'gpuledger:workload_engines_up:sum{namespace="ml",workload="summarize"}': 1 }),
       t.expr('gpuledger:workload_engines_expected:count', { 'gpuledger:workload_engines_expected:count{namespace="ml",workload="summarize"}': 2 }),

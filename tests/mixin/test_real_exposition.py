@@ -88,9 +88,10 @@ def _check(
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr
 
 
-# notebook-bob requests no GPU: no layer names it as a workload, so it has no stage.
+# notebook-bob requests no GPU but uses one: a GPU workload with no engine.
 NODE_STAGES = {
-    ("serve", "chat"): "engine_queueing",
+    ("research", "notebook-bob"): "no_engine",
+    ("serve", "chat"): "routing",
     ("serve", "llama"): "engine_queueing",
     ("serve", "qwen"): "starting",
 }

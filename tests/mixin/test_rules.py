@@ -64,6 +64,7 @@ def test_workload_recording_rules_required_by_the_issue() -> None:
         "gpuledger:workload_kv_cache_usage:max",
         "gpuledger:workload_preemptions:rate5m",
         "gpuledger:workload_stage:onehot",
+        "gpuledger:workload_stage_reason:group",
         "gpuledger:workload_routing_imbalance:count",
     }
     assert required <= recording_names()
@@ -75,7 +76,15 @@ def test_stage_series_cover_every_stage_once() -> None:
         for r in recordings()
         if r["record"] == "gpuledger:workload_stage:onehot"
     ]
-    assert stages == ["pending_placement", "starting", "engine_queueing", "serving", "idle"]
+    assert stages == [
+        "pending_placement",
+        "starting",
+        "routing",
+        "engine_queueing",
+        "serving",
+        "idle",
+        "no_engine",
+    ]
 
 
 def test_recording_rules_are_documented_in_metrics_md() -> None:
