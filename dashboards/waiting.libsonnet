@@ -8,13 +8,22 @@ local g = import 'lib.libsonnet';
     // Recording rules carry no job label; W filters them by the variables.
     local W = g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"'], raw=false),
     local R(m=[]) = g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"'] + m),
-    local stageStates = [
-      [4, 'pending placement', 'red'],
-      [3, 'starting', 'orange'],
-      [2, 'engine queueing', 'yellow'],
-      [1, 'serving', 'green'],
-      [0, 'idle', 'blue'],
-    ],
+    // Stages and codes: exporter/gpuledger/stages.json (config.libsonnet's `_stages`).
+    local stages = $._stages.stages,
+    local stageColors = {
+      pending_placement: 'red',
+      starting: 'orange',
+      routing: 'purple',
+      engine_queueing: 'yellow',
+      serving: 'green',
+      idle: 'blue',
+      no_engine: 'text',
+    },
+    assert std.set(std.objectFields(stageColors)) == std.set([s.stage for s in stages])
+           : 'dashboards/waiting.libsonnet needs a color for every stage of stages.json',
+    local stageText(stage) = std.strReplace(stage, '_', ' '),
+    local stageStates = [[s.code, stageText(s.stage), stageColors[s.stage]] for s in stages],
+    local precedence = std.join(' > ', [stageText(s.stage) for s in stages]),
     local stageStat(stage, title, color) = g.stat(
       title,
       'Workloads whose stage is %s now (gpuledger:workload_stage:onehot).' % stage,
@@ -27,7 +36,7 @@ local g = import 'lib.libsonnet';
       c,
       'GPU Ledger / Where requests wait',
       c.dashboardUids.waiting,
-      'Per workload: is it pending placement (Kubernetes or Ray cannot place it), starting, engine queueing, serving or idle, and the signals behind each stage.',
+      'Per workload: is it pending placement (Kubernetes or Ray cannot place it), starting, routing, engine queueing, serving, idle or without an engine, and the signals behind each stage.',
       [
         g.datasourceVariable,
         g.clusterVariable(c, 'gpuledger_build_info'),
@@ -41,20 +50,24 @@ local g = import 'lib.libsonnet';
           panels: [
             g.stateTimeline(
               'Stage per workload',
-              'One row per workload: the layer its requests wait in. Precedence: pending placement > starting > engine queueing > serving > idle (gpuledger:workload_stage_code:max).',
+              'One row per workload: the layer its requests wait in. Precedence: %s (gpuledger:workload_stage_code:max; the reason: gpuledger:workload_stage_reason:group).' % precedence,
               [g.target('max by (namespace, workload) (gpuledger:workload_stage_code:max%s)' % W, '{{namespace}}/{{workload}}')],
               stageStates,
             ),
+            g.width(g.table(
+              'Stage and reason now',
+              'Per workload: its stage and why, the same verdict `gpuledger explain` gives (gpuledger:workload_stage_reason:group).',
+              'short',
+              [g.target('max by (namespace, workload, stage, reason) (gpuledger:workload_stage_reason:group%s)' % W)],
+              [['namespace', 'Namespace'], ['workload', 'Workload'], ['stage', 'Stage'], ['reason', 'Reason']],
+            ), 8),
           ],
         },
         {
           height: 4,
           panels: [
-            stageStat('pending_placement', 'Pending placement', 'red'),
-            stageStat('starting', 'Starting', 'orange'),
-            stageStat('engine_queueing', 'Engine queueing', 'yellow'),
-            stageStat('serving', 'Serving', 'green'),
-            stageStat('idle', 'Idle', 'blue'),
+            stageStat(s.stage, std.asciiUpper(stageText(s.stage)[0]) + stageText(s.stage)[1:], stageColors[s.stage])
+            for s in stages
           ],
         },
         {
