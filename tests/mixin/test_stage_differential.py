@@ -203,3 +203,17 @@ def test_python_thresholds_are_the_mixin_defaults() -> None:
         c["kvCachePressureRatio"],
         c["kvCacheHeadroomRatio"],
     ) == (t.queueing_min_waiting, t.kv_pressure, t.kv_headroom)
+
+
+@pytest.mark.parametrize("doc", ["explain.md", "metrics.md"])
+def test_the_docs_list_every_stage_with_its_reasons_in_order(doc: str) -> None:
+    text = (REPO / "docs" / doc).read_text()
+    rows = {
+        line.split("|")[1].strip(" `"): line
+        for line in text.splitlines()
+        if line.startswith("| `") and line.split("|")[1].strip(" `") in {s.stage for s in STAGES}
+    }
+    assert list(rows) == [s.stage for s in STAGES], f"docs/{doc}: stage table out of order"
+    for s in STAGES:
+        places = [rows[s.stage].find(f"`{r}`") for r in s.reasons]
+        assert -1 not in places and places == sorted(places), (doc, s.stage, s.reasons)
