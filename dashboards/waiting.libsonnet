@@ -28,7 +28,9 @@ local g = import 'lib.libsonnet';
       title,
       'Workloads whose stage is %s now (gpuledger:workload_stage:onehot).' % stage,
       'short',
-      [g.target('count(max by (namespace, workload) (gpuledger:workload_stage:onehot%s == 1)) or vector(0)' % g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"', 'stage="%s"' % stage], raw=false))],
+      // The sum of the 0/1 series, not a count of the 1s: data for every stage while any
+      // workload exists, none in this stage included.
+      [g.target('sum(max by (namespace, workload) (gpuledger:workload_stage:onehot%s)) or vector(0)' % g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"', 'stage="%s"' % stage], raw=false))],
       [{ color: 'green', value: null }, { color: color, value: 1 }],
     ),
 
