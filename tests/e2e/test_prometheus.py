@@ -123,12 +123,12 @@ STAGES = {
     ("e2e-loading", "loading"): "starting",
     ("e2e-kv", "kv"): "engine_queueing",
     ("e2e-seqs", "seqs"): "engine_queueing",
-    ("e2e-routing", "routing"): "engine_queueing",
+    ("e2e-routing", "routing"): "routing",
     ("e2e-serving", "healthy"): "serving",
-    ("e2e-unused", "trainer"): "idle",
-    ("e2e-ray", "raycluster-dbl"): "idle",
-    ("e2e-shared", "notebook-a"): "idle",
-    ("e2e-shared", "notebook-b"): "idle",
+    ("e2e-unused", "trainer"): "no_engine",
+    ("e2e-ray", "raycluster-dbl"): "no_engine",
+    ("e2e-shared", "notebook-a"): "no_engine",
+    ("e2e-shared", "notebook-b"): "no_engine",
 }
 
 # e2e-phases.yaml's phases for e2e-evolving, in order: the stage and the alerts of each.
@@ -304,9 +304,9 @@ def test_each_workload_is_in_its_stage(stack: Stack) -> None:
         if s["metric"]["namespace"] != EVOLVING
     }
     assert found == STAGES
-    # Exactly one stage per workload, five series each.
+    # Exactly one stage per workload, one series per stage (exporter/gpuledger/stages.json).
     counts = stack.prom.query(
-        "count by (namespace, workload) (gpuledger:workload_stage:onehot) != 5"
+        "count by (namespace, workload) (gpuledger:workload_stage:onehot) != 7"
         " or sum by (namespace, workload) (gpuledger:workload_stage:onehot) != 1"
     )
     assert counts == []
