@@ -40,8 +40,9 @@ local stages = import 'exporter/gpuledger/stages.json';
 
     // ---------------------------------------------------------------- thresholds
 
-    // The defaults are stages.json's; `gpuledger explain` uses the same values (its
-    // Thresholds), so change them there for both, or here for the mixin only.
+    // The defaults come from exporter/gpuledger/stages.json, whose values `gpuledger
+    // explain` and the /ledger page use. An override here changes the mixin only: near
+    // that threshold the rules then judge a workload differently from explain.
 
     // An engine is "queueing" when at least this many requests wait in it. The workload
     // stage is `engine_queueing` (or `routing`) when at least one of its engines queues.
