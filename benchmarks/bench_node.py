@@ -5,7 +5,14 @@ Ray dashboard would); this process runs the real pipeline and, for the floor, pe
 the same raw reads: the same NVML calls, the same /proc files, the same HTTP GETs and gRPC
 List — no parsing, joining or rendering.
 
-    .venv/bin/python benchmarks/bench_node.py [--scale 1 4 16] [--cycles 30]
+Then `/metrics` is served by the real HTTP server and scraped from another process, first
+while the exporter is idle (a scrape sends the cached render), then while collection cycles
+run back to back (every scrape overlaps a cycle: the worst case, one in ~50 at a 10 s
+interval on the dense node at 16x).
+
+Cycle CPU is also given as millicores at the 10 s default interval: CPU-ms per cycle / 10.
+
+    .venv/bin/python benchmarks/bench_node.py [--scale 1 4 16] [--cycles 30] [--scrapes 500]
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,10 +36,11 @@ import grpc
 import pynvml
 import requests
 
+from benchmarks.scrape_latency import Scraper, p99
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter, tune_runtime
+from gpuledger.protocols.podresources import api_pb2, api_pb2_grpc
+from gpuledger.server import Exporter, serve
 from gpuledger.sim.fake_nvml import STATE_ENV
-from gpuledger.sources.podresources import api_pb2, api_pb2_grpc
 from gpuledger.sources.procfs import _read as read_proc_file
 
 CHILD = """
@@ -110,7 +119,30 @@ def floor_cycle(
         ).content
 
 
-def run(scale: int, cycles: int) -> dict[str, Any]:
+def scrape_latencies(exporter: Exporter, count: int) -> dict[str, float]:
+    """p50/p99 of `count` scrapes with the exporter idle, and while cycles run."""
+    server = serve(exporter, "127.0.0.1:0", "bench", "node")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Scraper(server.server_address[1], count) as idle:
+            pass
+        with Scraper(server.server_address[1], max(count // 5, 100)) as busy:
+            while not busy.done():
+                exporter.run_once()
+    finally:
+        server.shutdown()
+        server.server_close()
+    med = statistics.median
+    return {
+        "scrape_idle_p50_ms": med(idle.seconds) * 1e3,
+        "scrape_idle_p99_ms": p99(idle.seconds) * 1e3,
+        "scrape_busy_p50_ms": med(busy.seconds) * 1e3,
+        "scrape_busy_p99_ms": p99(busy.seconds) * 1e3,
+    }
+
+
+def run(scale: int, cycles: int, scrapes_wanted: int) -> dict[str, Any]:
     child = subprocess.Popen(
         [
             sys.executable,
@@ -132,7 +164,6 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
         pipeline.warm_up(30)
         for _ in range(3):  # warm-up: informer synced, engines known, caches hot
             exporter.run_once()
-        tune_runtime()  # as the collection loop does after its first cycle
         session = requests.Session()
         channel = grpc.insecure_channel(f"unix://{config.podresources_socket}")
         stub = api_pb2_grpc.PodResourcesListerStub(channel)
@@ -160,6 +191,7 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
             floor_cycle(config, engines, ray_ids, session, stub)
             floor_walls.append(time.perf_counter() - w0)
             floor_cpus.append(time.process_time() - c0)
+        scrapes = scrape_latencies(exporter, scrapes_wanted)
         down = [s.source for s in published.ledger.sources if not s.up]
         series = sum(1 for ln in body.decode().splitlines() if ln and not ln.startswith("#"))
         rss_after = rss()
@@ -179,6 +211,11 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
         "pods": len(published.ledger.pods),
         "wall_ms": med(walls) * 1e3,
         "cpu_ms": med(cpus) * 1e3,
+        # CPU-seconds per cycle / 10 s interval * 1000.
+        "millicores_at_10s": med(cpus) * 1e3 / 10,
+        "millicores_above_floor_at_10s": med(c - f for c, f in zip(cpus, floor_cpus, strict=True))
+        * 1e3
+        / 10,
         "cpu_p25_p75_ms": [q * 1e3 for q in quartiles(cpus)],
         "floor_wall_ms": med(floor_walls) * 1e3,
         "floor_cpu_ms": med(floor_cpus) * 1e3,
@@ -186,6 +223,7 @@ def run(scale: int, cycles: int) -> dict[str, Any]:
         # Per pair of runs, so a noisy moment counts against both sides of one ratio.
         "ratio_median_of_pairs": med(c / f for c, f in zip(cpus, floor_cpus, strict=True)),
         "render_ms": med(renders) * 1e3,
+        **scrapes,
         "sources_ms": {k: med(v) * 1e3 for k, v in per_source.items()},
         "rss_mb": rss_after / 2**20,
         "rss_growth_mb": (rss_after - rss_before) / 2**20,
@@ -196,9 +234,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scale", type=int, nargs="+", default=[1])
     parser.add_argument("--cycles", type=int, default=30)
+    parser.add_argument("--scrapes", type=int, default=500)
     args = parser.parse_args()
     for scale in args.scale:
-        r = run(scale, args.cycles)
+        r = run(scale, args.cycles, args.scrapes)
         print(json.dumps(r))
         print(
             f"scale {r['scale']:>2}: {r['processes']} procs, {r['pods']} GPU pods, "
@@ -206,6 +245,10 @@ def main() -> None:
             f" | floor wall {r['floor_wall_ms']:.1f} ms cpu {r['floor_cpu_ms']:.1f} ms"
             f" | ratio cpu {r['cpu_ms'] / r['floor_cpu_ms']:.2f}"
             f" (median of pairs {r['ratio_median_of_pairs']:.2f})"
+            f" | {r['millicores_at_10s']:.1f} millicores at 10 s"
+            f" ({r['millicores_above_floor_at_10s']:.1f} above the floor)"
+            f" | scrape p99 {r['scrape_idle_p99_ms']:.1f} ms idle,"
+            f" {r['scrape_busy_p99_ms']:.1f} ms during a cycle"
             f" | render {r['render_ms']:.1f} ms | RSS {r['rss_mb']:.0f} MB"
             f" | down: {r['down'] or 'none'}",
             flush=True,
