@@ -10,7 +10,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -46,6 +46,29 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"GPULEDGER_{name}", default)
 
 
+def _one_of(*choices: str) -> Callable[[str], str]:
+    """A `type` that checks choices: argparse checks `choices` for flags only, but runs
+    `type` on string defaults too, so a bad environment variable fails the same way."""
+
+    def check(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {text!r} (choose from {', '.join(choices)}; "
+                "the flag or its GPULEDGER_ variable)"
+            )
+        return text
+
+    return check
+
+
+def _env_flag(name: str) -> bool:
+    """A true/false variable; anything else is a usage error, checked in main()."""
+    return (_env(name) or "false").strip().lower() == "true"
+
+
+BOOLEAN_VARIABLES = ("PENDING_ALL_PODS",)
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -75,26 +98,28 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     p.add_argument(
         "--interval",
         type=_positive_float,
-        default=float(_env("INTERVAL", "10") or 10),
+        default=_env("INTERVAL", "10"),
         help="seconds between snapshots; scrapes read the latest one (env GPULEDGER_INTERVAL; "
         "default %(default)s)",
     )
     p.add_argument(
         "--source-deadline",
         type=_positive_float,
-        default=float(_env("SOURCE_DEADLINE", "5") or 5),
+        default=_env("SOURCE_DEADLINE", "5"),
         help="seconds one source may take per snapshot before it is reported down "
         "(env GPULEDGER_SOURCE_DEADLINE; default %(default)s)",
     )
     p.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
+        type=_one_of("debug", "info", "warning", "error"),
         default=_env("LOG_LEVEL", "info"),
         help="(env GPULEDGER_LOG_LEVEL; default %(default)s)",
     )
     p.add_argument(
         "--log-format",
         choices=["text", "json"],
+        type=_one_of("text", "json"),
         default=_env("LOG_FORMAT", "text"),
         help="(env GPULEDGER_LOG_FORMAT; default %(default)s)",
     )
@@ -103,6 +128,7 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     p.add_argument(
         "--mode",
         choices=["node", "cluster"],
+        type=_one_of("node", "cluster"),
         default=_env("MODE", "node"),
         help="node: DaemonSet agent for this node's GPUs; cluster: one-replica view of what is "
         "not placed (env GPULEDGER_MODE; default %(default)s)",
@@ -122,6 +148,7 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     p.add_argument(
         "--kubernetes",
         choices=["auto", "on", "off"],
+        type=_one_of("auto", "on", "off"),
         default=_env("KUBERNETES", "auto"),
         help="read pods from the Kubernetes API; auto: when running in a cluster or "
         "--kubeconfig is given (env GPULEDGER_KUBERNETES; default %(default)s)",
@@ -147,7 +174,7 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     p.add_argument(
         "--pending-all-pods",
         action="store_true",
-        default=_env("PENDING_ALL_PODS", "false") == "true",
+        default=_env_flag("PENDING_ALL_PODS"),
         help="cluster mode: report unplaced pods that request no GPU too "
         "(env GPULEDGER_PENDING_ALL_PODS=true)",
     )
@@ -162,6 +189,7 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     p.add_argument(
         "--vllm-discovery",
         choices=["on", "off"],
+        type=_one_of("on", "off"),
         default=_env("VLLM_DISCOVERY", "on"),
         help="scrape pods on this node annotated gpuledger.io/vllm-port or prometheus.io/port "
         "(env GPULEDGER_VLLM_DISCOVERY; default %(default)s)",
@@ -445,7 +473,12 @@ def serve_config(args: argparse.Namespace) -> PipelineConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)  # --help exits here, whatever the environment holds
+    for name in BOOLEAN_VARIABLES:
+        value = _env(name)
+        if value is not None and value.strip().lower() not in ("true", "false", ""):
+            parser.error(f"GPULEDGER_{name}={value[:40]!r}: expected true or false")
     setup_logging(args.log_level, args.log_format)
     if args.command == "serve":
         return run_exporter(serve_config(args), args)

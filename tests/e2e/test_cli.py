@@ -26,8 +26,10 @@ _VOLATILE = re.compile(
 )
 
 
-def gpuledger(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+def gpuledger(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter"), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "gpuledger", *args],
         capture_output=True,
@@ -82,6 +84,32 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     result = gpuledger(*args)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("GPULEDGER_INTERVAL", "abc", "'abc' is not a number of seconds"),
+        ("GPULEDGER_INTERVAL", "-1", "'-1' must be greater than 0"),
+        ("GPULEDGER_SOURCE_DEADLINE", "0", "'0' must be greater than 0"),
+        ("GPULEDGER_LOG_LEVEL", "loud", "invalid choice: 'loud'"),
+        ("GPULEDGER_LOG_FORMAT", "xml", "invalid choice: 'xml'"),
+        ("GPULEDGER_MODE", "galaxy", "invalid choice: 'galaxy'"),
+        ("GPULEDGER_KUBERNETES", "maybe", "invalid choice: 'maybe'"),
+        ("GPULEDGER_VLLM_DISCOVERY", "yes", "invalid choice: 'yes'"),
+        ("GPULEDGER_LISTEN", "nope", "expected [HOST]:PORT"),
+        ("GPULEDGER_PENDING_ALL_PODS", "yes", "expected true or false"),
+    ],
+)
+def test_bad_environment_values_exit_2_with_one_line_like_flags(
+    variable: str, value: str, message: str
+) -> None:
+    result = gpuledger("serve", "--nvml-library", "/nonexistent.so", env={variable: value})
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # --help still works whatever the environment holds.
+    assert gpuledger("serve", "--help", env={variable: value}).returncode == 0
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
