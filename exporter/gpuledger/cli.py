@@ -87,141 +87,223 @@ def _listen(text: str) -> str:
     return text
 
 
+def _flag(
+    p: argparse.ArgumentParser,
+    flag: str,
+    meaning: str,
+    *,
+    env: str | None,
+    shown_default: str | None = None,
+    **kwargs: Any,
+) -> None:
+    """Adds `flag`, its help composed from `meaning`, variable and default, and records the
+    variable and the default as documented, for the README's table (`flag_reference`)."""
+    suffix = [f"env GPULEDGER_{env}"] if env else []
+    if shown_default:
+        suffix.append(f"default {shown_default}")
+    text = meaning + (f" ({'; '.join(suffix)})" if suffix else "")
+    action = p.add_argument(flag, help=text.replace("%", "%%"), **kwargs)
+    action.gpuledger_env = env  # type: ignore[attr-defined]
+    action.gpuledger_default = shown_default  # type: ignore[attr-defined]
+    action.gpuledger_meaning = meaning  # type: ignore[attr-defined]
+
+
 def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
-    p.add_argument(
+    _flag(
+        p,
         "--listen",
+        "address to serve /metrics, /ledger, /ledger.json, /healthz and /readyz on, [HOST]:PORT",
+        env="LISTEN",
+        shown_default=DEFAULT_LISTEN,
         type=_listen,
         default=_env("LISTEN", DEFAULT_LISTEN),
-        help="address to serve /metrics on, [HOST]:PORT "
-        "(env GPULEDGER_LISTEN; default %(default)s)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--interval",
+        "seconds between snapshots; scrapes read the latest one",
+        env="INTERVAL",
+        shown_default="10",
         type=_positive_float,
         default=_env("INTERVAL", "10"),
-        help="seconds between snapshots; scrapes read the latest one (env GPULEDGER_INTERVAL; "
-        "default %(default)s)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--source-deadline",
+        "seconds one source may take per snapshot before it is reported down",
+        env="SOURCE_DEADLINE",
+        shown_default="5",
         type=_positive_float,
         default=_env("SOURCE_DEADLINE", "5"),
-        help="seconds one source may take per snapshot before it is reported down "
-        "(env GPULEDGER_SOURCE_DEADLINE; default %(default)s)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--log-level",
+        "debug, info, warning or error",
+        env="LOG_LEVEL",
+        shown_default="info",
         choices=["debug", "info", "warning", "error"],
         type=_one_of("debug", "info", "warning", "error"),
         default=_env("LOG_LEVEL", "info"),
-        help="(env GPULEDGER_LOG_LEVEL; default %(default)s)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--log-format",
+        "text or json (one object per line)",
+        env="LOG_FORMAT",
+        shown_default="text",
         choices=["text", "json"],
         type=_one_of("text", "json"),
         default=_env("LOG_FORMAT", "text"),
-        help="(env GPULEDGER_LOG_FORMAT; default %(default)s)",
     )
     if simulated:
         return
-    p.add_argument(
+    _flag(
+        p,
         "--mode",
+        "node: DaemonSet agent for this node's GPUs; cluster: one-replica view of what is "
+        "not placed",
+        env="MODE",
+        shown_default="node",
         choices=["node", "cluster"],
         type=_one_of("node", "cluster"),
         default=_env("MODE", "node"),
-        help="node: DaemonSet agent for this node's GPUs; cluster: one-replica view of what is "
-        "not placed (env GPULEDGER_MODE; default %(default)s)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--proc-root",
+        "host /proc; run with hostPID so NVML's PIDs resolve",
+        env="PROC_ROOT",
+        shown_default="/proc",
         default=_env("PROC_ROOT", "/proc"),
-        help="host /proc; run with hostPID so NVML's PIDs resolve "
-        "(env GPULEDGER_PROC_ROOT; default %(default)s)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--nvml-library",
+        "path of libnvidia-ml.so.1 to load instead of the system one",
+        env="NVML_LIBRARY",
         default=_env("NVML_LIBRARY"),
-        help="path of libnvidia-ml.so.1 to load instead of the system one "
-        "(env GPULEDGER_NVML_LIBRARY)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--kubernetes",
+        "read pods from the Kubernetes API; auto: when running in a cluster or "
+        "--kubeconfig is given",
+        env="KUBERNETES",
+        shown_default="auto",
         choices=["auto", "on", "off"],
         type=_one_of("auto", "on", "off"),
         default=_env("KUBERNETES", "auto"),
-        help="read pods from the Kubernetes API; auto: when running in a cluster or "
-        "--kubeconfig is given (env GPULEDGER_KUBERNETES; default %(default)s)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--kubeconfig",
+        "kubeconfig file for running outside the cluster",
+        env="KUBECONFIG_PATH",
         default=_env("KUBECONFIG_PATH"),
-        help="kubeconfig file for running outside the cluster (env GPULEDGER_KUBECONFIG_PATH)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--podresources-socket",
+        "kubelet PodResources socket, read when Kubernetes is on; empty disables",
+        env="PODRESOURCES_SOCKET",
+        shown_default=DEFAULT_PODRESOURCES,
         default=_env("PODRESOURCES_SOCKET"),
-        help="kubelet PodResources socket; empty disables (env GPULEDGER_PODRESOURCES_SOCKET; "
-        f"default {DEFAULT_PODRESOURCES} when Kubernetes is on)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--gpu-resource",
+        "extended resource names that are GPUs, repeatable, trailing * as a prefix "
+        "(the variable: comma-separated)",
+        env="GPU_RESOURCES",
+        shown_default="nvidia.com/gpu,nvidia.com/mig-*",
         action="append",
         default=None,
-        help="extended resource names that are GPUs, repeatable, trailing * as a prefix "
-        "(env GPULEDGER_GPU_RESOURCES, comma-separated; default nvidia.com/gpu,nvidia.com/mig-*)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--pending-all-pods",
+        "cluster mode: report unplaced pods that request no GPU too (the variable: true)",
+        env="PENDING_ALL_PODS",
+        shown_default="false",
         action="store_true",
         default=_env_flag("PENDING_ALL_PODS"),
-        help="cluster mode: report unplaced pods that request no GPU too "
-        "(env GPULEDGER_PENDING_ALL_PODS=true)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--vllm-target",
+        "a vLLM /metrics URL to scrape, repeatable, for engines outside Kubernetes "
+        "(the variable: comma-separated)",
+        env="VLLM_TARGETS",
         action="append",
         default=None,
         metavar="URL",
-        help="a vLLM /metrics URL to scrape, repeatable, for engines outside Kubernetes "
-        "(env GPULEDGER_VLLM_TARGETS, comma-separated)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--vllm-discovery",
+        "scrape pods on this node annotated gpuledger.io/vllm-port or prometheus.io/port",
+        env="VLLM_DISCOVERY",
+        shown_default="on",
         choices=["on", "off"],
         type=_one_of("on", "off"),
         default=_env("VLLM_DISCOVERY", "on"),
-        help="scrape pods on this node annotated gpuledger.io/vllm-port or prometheus.io/port "
-        "(env GPULEDGER_VLLM_DISCOVERY; default %(default)s)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--ray-address",
+        "Ray dashboard URL for the state API, e.g. http://raycluster-head-svc.ml:8265",
+        env="RAY_ADDRESS",
         default=_env("RAY_ADDRESS"),
         metavar="URL",
-        help="Ray dashboard URL for the state API, e.g. http://raycluster-head-svc.ml:8265 "
-        "(env GPULEDGER_RAY_ADDRESS)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--ray-token-file",
+        "file holding the Ray auth token; Ray 2.60 enables token auth by default",
+        env="RAY_TOKEN_FILE",
         default=_env("RAY_TOKEN_FILE"),
         metavar="PATH",
-        help="file holding the Ray auth token; Ray 2.60 enables token auth by default "
-        "(env GPULEDGER_RAY_TOKEN_FILE)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--ray-workload",
+        "cluster mode: the workload Ray's pending work belongs to; default derived from "
+        "a KubeRay head service address (<cluster>-head-svc.<namespace>)",
+        env="RAY_WORKLOAD",
         default=_env("RAY_WORKLOAD"),
         metavar="NS/NAME",
-        help="cluster mode: the workload Ray's pending work belongs to; default derived from "
-        "a KubeRay head service address (<cluster>-head-svc.<namespace>) "
-        "(env GPULEDGER_RAY_WORKLOAD)",
     )
-    p.add_argument(
+    _flag(
+        p,
         "--node-name",
+        "value of the node label",
+        env="NODE_NAME",
+        shown_default="$NODE_NAME, else the hostname",
         default=_env("NODE_NAME") or os.environ.get("NODE_NAME") or socket.gethostname(),
-        help="value of the node label (env GPULEDGER_NODE_NAME, else NODE_NAME, else hostname; "
-        "default %(default)s)",
     )
+
+
+def flag_reference(parser: argparse.ArgumentParser, command: str) -> list[str]:
+    """The Markdown rows of `command`'s flags for README.md (checked by a test)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    rows = ["| flag | variable | default | meaning |", "|---|---|---|---|"]
+    for action in sub.choices[command]._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        flag = max(action.option_strings, key=len)
+        if flag == "--help":
+            continue
+        env = getattr(action, "gpuledger_env", None)
+        default = getattr(action, "gpuledger_default", None)
+        if default is None and isinstance(action.default, str):
+            default = action.default
+        meaning = getattr(action, "gpuledger_meaning", action.help or "")
+        rows.append(
+            f"| `{flag}` | {f'`GPULEDGER_{env}`' if env else '—'} | "
+            f"{f'`{default}`' if default else '—'} | {meaning.replace('|', '/')} |"
+        )
+    return rows
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -265,11 +347,17 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--scenario", metavar="FILE", help="explain a simulated scenario instead")
     ex.add_argument("--phase", help="with --scenario: at this phase")
     what = ex.add_mutually_exclusive_group(required=True)
-    what.add_argument("--pod", metavar="NS/NAME")
+    what.add_argument("--pod", metavar="NS/NAME", help="a pod: its chain and verdict")
     what.add_argument("--gpu", metavar="UUID", help="a GPU UUID or an unambiguous prefix")
-    what.add_argument("--workload", metavar="NS/NAME")
-    what.add_argument("--engine", metavar="NS/POD[:RANK]|MODEL")
-    ex.add_argument("--output", choices=["text", "json"], default="text")
+    what.add_argument(
+        "--workload", metavar="NS/NAME", help="a workload (Deployment, RayCluster, …): all its pods"
+    )
+    what.add_argument(
+        "--engine", metavar="NS/POD[:RANK]|MODEL", help="a vLLM engine, by pod and DP rank or model"
+    )
+    ex.add_argument(
+        "--output", choices=["text", "json"], default="text", help="text for people, json for tools"
+    )
     ex.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
@@ -503,3 +591,19 @@ def run_scenario_command(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+FLAG_TABLE_COMMANDS = ("serve", "explain")
+
+
+def readme_with_flag_tables(readme: str, parser: argparse.ArgumentParser) -> str:
+    """`readme` with each `<!-- flags:COMMAND -->` … `<!-- /flags -->` block regenerated."""
+    for command in FLAG_TABLE_COMMANDS:
+        begin, end = f"<!-- flags:{command} -->", "<!-- /flags -->"
+        head, found, rest = readme.partition(begin)
+        if not found:
+            raise ValueError(f"README has no {begin} block")
+        _, _, tail = rest.partition(end)
+        table = "\n".join(flag_reference(parser, command))
+        readme = f"{head}{begin}\n{table}\n{end}{tail}"
+    return readme
