@@ -98,7 +98,8 @@ local stages = import 'exporter/gpuledger/stages.json';
 
     // Every alert gets `runbook_url: <this % lower-case alert name>`, an anchor of
     // docs/runbooks.md (alerts/add-runbook-links.libsonnet). Point it at your copy.
-    runbookURLPattern: 'https://github.com/gpuledger/gpuledger/blob/main/docs/runbooks.md#%s',
+    // The default is stages.json's, whose links `gpuledger explain` and /ledger print.
+    runbookURLPattern: stages.runbookURLPattern,
 
     // ---------------------------------------------------------------- dashboards
 

@@ -21,25 +21,61 @@ Doc = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
+class NextStep:
+    """What to do next about a verdict: one line, and the alert whose runbook applies."""
+
+    text: str
+    runbook_alert: str | None  # None where no alert pages (serving, idle, ...)
+
+    @property
+    def runbook_url(self) -> str | None:
+        # The alerts' runbook_url: the same pattern, the alert name in lower case.
+        if self.runbook_alert is None:
+            return None
+        return RUNBOOK_URL_PATTERN % self.runbook_alert.lower()
+
+
+@dataclass(frozen=True)
 class StageDef:
     stage: str
     code: int
     layer: str | None
     text: str
     reasons: tuple[str, ...]
+    next_step: NextStep  # the stage's own, the fallback of a reason without one
+    by_reason: Mapping[str, NextStep]
 
 
-def _load_model() -> tuple[dict[str, float], tuple[StageDef, ...]]:
+def _next_step(raw: Mapping[str, Any]) -> NextStep:
+    return NextStep(str(raw["next_step"]), raw.get("runbook_alert"))
+
+
+def _load_model() -> tuple[dict[str, float], str, tuple[StageDef, ...]]:
     raw = json.loads(resources.files("gpuledger").joinpath("stages.json").read_text())
     stages = tuple(
-        StageDef(s["stage"], int(s["code"]), s["layer"], s["text"], tuple(s["reasons"]))
+        StageDef(
+            s["stage"],
+            int(s["code"]),
+            s["layer"],
+            s["text"],
+            tuple(s["reasons"]),
+            _next_step(s),
+            {r: _next_step(v) for r, v in s.get("by_reason", {}).items()},
+        )
         for s in raw["stages"]
     )
-    return {k: float(v) for k, v in raw["thresholds"].items()}, stages
+    thresholds = {k: float(v) for k, v in raw["thresholds"].items()}
+    return thresholds, str(raw["runbookURLPattern"]), stages
 
 
-DEFAULTS, STAGES = _load_model()
+DEFAULTS, RUNBOOK_URL_PATTERN, STAGES = _load_model()
 STAGE = {s.stage: s for s in STAGES}
+
+
+def next_step_for(stage: str, reason: str | None) -> NextStep:
+    """The next step of a verdict: its reason's, else its stage's (stages.json)."""
+    s = STAGE[stage]
+    return s.by_reason.get(reason or "", s.next_step)
 
 
 @dataclass(frozen=True)
@@ -55,8 +91,19 @@ class Verdict:
     reason: str | None  # one of that stage's reasons; None for a stage without reasons
     evidence: tuple[str, ...]
 
+    @property
+    def next_step(self) -> NextStep:
+        return next_step_for(self.stage, self.reason)
+
     def to_json(self) -> dict[str, Any]:
-        return {"stage": self.stage, "reason": self.reason, "evidence": list(self.evidence)}
+        step = self.next_step
+        return {
+            "stage": self.stage,
+            "reason": self.reason,
+            "evidence": list(self.evidence),
+            "next_step": step.text,
+            "runbook_url": step.runbook_url,
+        }
 
 
 def strongest(stage: str, reasons: Iterable[str]) -> str:
