@@ -7,7 +7,8 @@ Only what an informer needs, with the real wire behaviour:
   `metadata.name`, `metadata.namespace`; `=`, `==`, `!=`; others are 400 as on a real
   server); `limit`/`continue` paging over a consistent snapshot, `410 Expired` for a
   continue token older than `expire_history()`. Lists always answer the current state
-  (any `resourceVersion` asked for is at most that old); `labelSelector` is ignored.
+  (any `resourceVersion` asked for is at most that old); `labelSelector` (`=`, `==`,
+  `!=`, `key`, `!key`, `in`, `notin`).
 * `?watch=true`: a chunked stream of JSON lines `{"type": ..., "object": ...}` from
   `resourceVersion` (unset or "0": synthetic ADDED for current objects first),
   honouring `timeoutSeconds` and `allowWatchBookmarks` (a BOOKMARK every
@@ -15,6 +16,11 @@ Only what an informer needs, with the real wire behaviour:
   as DELETED, one that starts matching as ADDED, as with the real watch cache. A watch
   from a resourceVersion older than the kept history gets `ERROR` with a `410` Status
   inside a 200 stream, as the real server sends it.
+* `GET /api/v1/namespaces/<ns>/pods/<name>:<port>/proxy/<path>`: the pods/proxy
+  subresource, forwarding a GET to the pod's `status.podIP` and port (a number or a
+  container port's name) through HttpClient (`proxy_deadline`, `proxy_max_bytes`), the
+  caller's headers not forwarded; `404` for an unknown pod, `503` with a Status for a pod
+  without an IP or one that cannot be read; counted in `requests["proxy"]`.
 * faults (`set_fault`): `refuse` (listening socket closed, connections cut), `http_500`,
   `forbidden` (403), `unauthorized` (401), `hang` (requests and open watches stall until
   the fault is cleared), `garbage` (200 with an HTML page instead of JSON), `truncated`
@@ -39,12 +45,13 @@ import copy
 import hmac
 import ipaddress
 import json
+import re
 import socket
 import ssl
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,9 +62,12 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes.client
 import yaml
 
+from gpuledger.httpclient import HttpClient, HttpError
+
 __all__ = [
     "FakeApiServer",
     "Fault",
+    "make_agent_pod",
     "make_pod",
     "pod_scheduled_false",
     "self_signed_certificate",
@@ -188,6 +198,7 @@ def make_pod(
     deleting: bool = False,
     gpu_resource: str = "nvidia.com/gpu",
     annotations: Mapping[str, str] | None = None,
+    ports: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """A Pod object as the API server returns it.
 
@@ -196,7 +207,8 @@ def make_pod(
     (`containerd://<64 hex>`) or None while not started. Without `conditions`, a pod with
     a node gets the Running set (PodScheduled, Initialized, ContainersReady, Ready) and
     one without gets none (the scheduler has not looked yet): pass
-    `pod_scheduled_false(...)` for an unplaced pod.
+    `pod_scheduled_false(...)` for an unplaced pod. `ports` (name -> number) are the
+    first container's named ports.
     """
     uid = uid or str(uuid.uuid4())
     created = _now_rfc3339()
@@ -294,6 +306,11 @@ def make_pod(
     }
     if init_containers:
         spec["initContainers"] = spec_of(init_containers)
+    if ports:
+        spec["containers"][0]["ports"] = [
+            {"name": port_name, "containerPort": number, "protocol": "TCP"}
+            for port_name, number in ports.items()
+        ]
     if node is not None:
         spec["nodeName"] = node
     if scheduling_gates:
@@ -312,13 +329,52 @@ def make_pod(
     return {"kind": "Pod", "apiVersion": "v1", "metadata": metadata, "spec": spec, "status": status}
 
 
-# --- field selectors ---
+def make_agent_pod(
+    namespace: str,
+    name: str,
+    *,
+    component: str,
+    port: int,
+    node: str | None = None,
+    pod_ip: str | None = "127.0.0.1",
+) -> dict[str, Any]:
+    """A gpuledger pod as the Helm chart makes it: its labels (helm/gpuledger/templates/
+    _helpers.tpl), `component` "node" (the DaemonSet, on `node`) or "cluster", and the
+    exporter's port named `metrics`."""
+    labels = {
+        "app.kubernetes.io/name": "gpuledger",
+        "app.kubernetes.io/instance": "gpuledger",
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "gpuledger",
+        "app.kubernetes.io/managed-by": "Helm",
+        "gpuledger.io/job": f"gpuledger-{component}",
+    }
+    owner = ("DaemonSet", "gpuledger-node") if component == "node" else None
+    return make_pod(
+        namespace,
+        name,
+        node=node if component == "node" else node or "cpu-node-1",
+        labels=labels,
+        owner=owner,
+        containers=(("gpuledger", 0, "containerd://" + "a" * 64),),
+        pod_ip=pod_ip,
+        ports={"metrics": port},
+    )
 
-_Requirement = tuple[tuple[str, str], bool, str]  # (path, must_equal, value)
+
+# --- field and label selectors ---
+
+# One requirement of a selector: does this pod meet it?
+_Requirement = Callable[[Mapping[str, Any]], bool]
 
 
 class _BadSelector(ValueError):
     pass
+
+
+def _field_requirement(path: tuple[str, str], equal: bool, value: str) -> _Requirement:
+    section, field = path
+    return lambda pod: (str((pod.get(section) or {}).get(field) or "") == value) == equal
 
 
 def _parse_selector(text: str) -> list[_Requirement]:
@@ -338,18 +394,56 @@ def _parse_selector(text: str) -> list[_Requirement]:
         path = _FIELDS.get(key.strip())
         if path is None:
             raise _BadSelector(f"field label not supported: {key.strip()}")
-        requirements.append((path, equal, value.strip()))
+        requirements.append(_field_requirement(path, equal, value.strip()))
     return requirements
 
 
+_SET_BASED = re.compile(r"^([^\s!=(),]+)\s+(in|notin)\s+\(([^()]*)\)$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")
+
+
+def _split_labels(text: str) -> list[str]:
+    """Requirements are comma-separated, but `k in (a,b)` has commas of its own."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    parts.append(current.strip())
+    return [p for p in parts if p]
+
+
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return (pod.get("metadata") or {}).get("labels") or {}
+
+
+def _label_requirement(part: str) -> _Requirement:
+    """`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`, as the API
+    server's label selector grammar has them."""
+    if match := _SET_BASED.match(part):
+        key, op, listed = match.groups()
+        values = {v.strip() for v in listed.split(",") if v.strip()}
+        return lambda pod: (_labels(pod).get(key) in values) == (op == "in")
+    op = next((o for o in ("!=", "==", "=") if o in part), None)
+    key, value = (x.strip() for x in part.split(op, 1)) if op else (part, "")
+    negated = op == "!=" or (op is None and key.startswith("!"))
+    key = key.removeprefix("!").strip() if op is None else key
+    if not _LABEL_KEY.match(key):
+        raise _BadSelector(f"unable to parse requirement: {part!r}")
+    if op is None:
+        return lambda pod: (key in _labels(pod)) != negated
+    return lambda pod: (_labels(pod).get(key) == value) != negated
+
+
+def _parse_label_selector(text: str) -> list[_Requirement]:
+    return [_label_requirement(part) for part in _split_labels(text)]
+
+
 def _matches(pod: Mapping[str, Any] | None, requirements: Sequence[_Requirement]) -> bool:
-    if pod is None:
-        return False
-    for (section, field), equal, value in requirements:
-        actual = str((pod.get(section) or {}).get(field) or "")
-        if (actual == value) != equal:
-            return False
-    return True
+    return pod is not None and all(meets(pod) for meets in requirements)
 
 
 # --- server state ---
@@ -402,7 +496,9 @@ class FakeApiServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._serve_thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
-        self.requests: dict[str, int] = {"list": 0, "watch": 0}
+        self.requests: dict[str, int] = {"list": 0, "watch": 0, "proxy": 0}
+        self.proxy_deadline = 30.0  # seconds a pods/proxy read may take, connect to last byte
+        self.proxy_max_bytes = 128 * 1024 * 1024
 
     # -- lifecycle --
 
@@ -607,6 +703,9 @@ class FakeApiServer:
             return
         path = parts.path.rstrip("/")
         namespace: str | None = None
+        if proxied := _PROXY.match(parts.path):
+            self._proxy(handler, proxied, parts.query)
+            return
         if path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
             namespace = path[len("/api/v1/namespaces/") : -len("/pods")]
         elif path == "/version":
@@ -619,15 +718,45 @@ class FakeApiServer:
             return
         try:
             requirements = _parse_selector(query.get("fieldSelector", ""))
+            requirements += _parse_label_selector(query.get("labelSelector", ""))
         except _BadSelector as exc:
             handler.send_json(400, _status(400, "BadRequest", str(exc)))
             return
         if namespace is not None:
-            requirements.append((("metadata", "namespace"), True, namespace))
+            requirements.append(_field_requirement(_FIELDS["metadata.namespace"], True, namespace))
         if query.get("watch") in ("true", "1"):
             self._serve_watch(handler, query, requirements)
         else:
             self._serve_list(handler, query, requirements)
+
+    def _proxy(self, handler: _Handler, request: re.Match[str], query: str) -> None:
+        """GET the pod's own path at its IP and port (a number or a port's name), as the
+        pods/proxy subresource does; 503 with a Status when the pod cannot be reached."""
+        namespace, name, port, path = request.groups()
+        with self._cond:
+            self.requests["proxy"] += 1
+            pod = copy.deepcopy(self._pods.get((namespace, name)))
+        if pod is None:
+            handler.send_json(404, _status(404, "NotFound", f'pods "{name}" not found'))
+            return
+        ip = (pod.get("status") or {}).get("podIP")
+        number = _port_number(pod, port)
+        if not ip or number is None:
+            why = "the pod has no IP" if not ip else f"no port {port!r} on the pod"
+            handler.send_json(503, _status(503, "ServiceUnavailable", why))
+            return
+        target = f"http://{ip}:{number}{path or '/'}" + (f"?{query}" if query else "")
+        client = HttpClient(
+            deadline_seconds=self.proxy_deadline, max_body_bytes=self.proxy_max_bytes
+        )
+        try:
+            answer = client.get(target)  # the caller's Authorization stays here
+        except HttpError as exc:
+            message = f"error trying to reach service: {exc.message} ({exc.reason})"
+            handler.send_json(503, _status(503, "ServiceUnavailable", message))
+            return
+        content_type = answer.headers.get("content-type", "application/octet-stream")
+        handler.send_raw(answer.status, answer.body, content_type)
 
     def _bad_body(self, handler: _Handler, fault: str) -> None:
         handler.close_connection = True
@@ -811,6 +940,20 @@ class FakeApiServer:
                     return "bookmark", [], self._rv
                 wake = deadline if next_bookmark is None else min(deadline, next_bookmark)
                 self._cond.wait(max(0.01, wake - now))
+
+
+# /api/v1/namespaces/<ns>/pods/<name>:<port>/proxy[/<path>]
+_PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):([^/:]+)/proxy(/.*)?$")
+
+
+def _port_number(pod: Mapping[str, Any], port: str) -> int | None:
+    if port.isdigit():
+        return int(port)
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for named in container.get("ports") or []:
+            if named.get("name") == port:
+                return int(named["containerPort"])
+    return None
 
 
 def _rv_of(change: _Change) -> int:

@@ -93,12 +93,14 @@ def incluster_configuration(service_account_dir: str = SERVICE_ACCOUNT_DIR) -> A
     return configuration
 
 
-def kubeconfig_configuration(path: str) -> Any:
+def kubeconfig_configuration(path: str, context: str | None = None) -> Any:
     """The client's kubeconfig loader, with every authenticator it supports (imported
-    here, on use: only out-of-cluster runs need it)."""
+    here, on use: only out-of-cluster runs need it). `context` None: the current one."""
     kube_config = _import("kubernetes.config.kube_config")
     configuration = _configuration.Configuration()
-    kube_config.load_kube_config(config_file=path, client_configuration=configuration)
+    kube_config.load_kube_config(
+        config_file=path, context=context, client_configuration=configuration
+    )
     return configuration
 
 

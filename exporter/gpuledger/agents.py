@@ -1,0 +1,438 @@
+"""Finding gpuledger's own pods through the Kubernetes API, and reading their /ledger.json.
+
+`gpuledger explain` (and the cluster view's fleet page) need the documents of the node
+agents on a few nodes and of the cluster view, without being told their addresses. The
+Helm chart labels every pod it makes `app.kubernetes.io/part-of=gpuledger` (fixed, unlike
+`app.kubernetes.io/name`, which `nameOverride` changes) and
+`app.kubernetes.io/component=node|cluster`, and names the exporter's port `metrics`.
+
+Interface (kept stable for its importers):
+
+    Agent(node, namespace, pod, url, role)          # node None for the cluster view
+    Agent.key                                        # node name, or "cluster"
+    PodLister                                        # Protocol: list_pods(...)
+    find_agents(lister, *, namespace, nodes, via, api_url="") -> list[Agent]
+    FetchResult(documents, failures)                 # both keyed by Agent.key
+    fetch_documents(agents, *, deadline_seconds, concurrency,
+                    headers=None, tls_context=None, max_body_bytes=...) -> FetchResult
+    query_nodes(lister, *, pod=None, workload=None, engine=None) -> set[str] | None
+    ApiServer                                        # a PodLister over the API server
+    connect(*, kubeconfig, context, deadline_seconds, ...) -> ApiServer
+
+`via="direct"` reads `http://<pod IP>:<port>` (in the cluster); `via="proxy"` reads through
+the API server's pod proxy, `<api_url>/api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy`,
+with the caller's credentials (from a laptop). Every read goes through HttpClient: one
+deadline from connect to last byte, and a byte cap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+from gpuledger.document import SCHEMA
+from gpuledger.httpclient import HttpClient, HttpError, safe_url
+from gpuledger.identity.scheduling import workload_of
+
+__all__ = [
+    "AGENT_SELECTOR",
+    "Agent",
+    "ApiServer",
+    "ClusterError",
+    "FetchResult",
+    "PodLister",
+    "connect",
+    "fetch_documents",
+    "find_agents",
+    "query_nodes",
+]
+
+Doc = Mapping[str, Any]
+Pod = Mapping[str, Any]
+
+AGENT_SELECTOR = "app.kubernetes.io/part-of=gpuledger"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+PORT_NAME = "metrics"
+ROLES = ("node", "cluster")
+CLUSTER_KEY = "cluster"
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+MAX_LIST_BYTES = 64 * 1024 * 1024
+LIST_PAGE = 500
+MAX_LIST_PAGES = 40  # 20,000 pods: a list past that is not what we asked for
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class ClusterError(Exception):
+    """The Kubernetes API could not be used: one line for the user, no secrets."""
+
+
+class PodLister(Protocol):
+    """Lists pods as the API returns them (camelCase JSON); `namespace` None: all."""
+
+    def list_pods(
+        self, *, namespace: str | None, label_selector: str = "", field_selector: str = ""
+    ) -> list[Pod]: ...
+
+
+@dataclass(frozen=True)
+class Agent:
+    node: str | None  # None for the cluster view
+    namespace: str
+    pod: str
+    url: str  # base URL; GET url + "/ledger.json"; "" when the pod has no IP
+    role: str  # "node" or "cluster"
+
+    @property
+    def key(self) -> str:
+        return self.node if self.node is not None else CLUSTER_KEY
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    documents: dict[str, Doc]  # Agent.key -> /ledger.json document
+    failures: dict[str, str]  # Agent.key -> one line: why it could not be read
+
+
+# --- finding the agents ---
+
+
+def find_agents(
+    lister: PodLister,
+    *,
+    namespace: str | None,
+    nodes: Collection[str] | None,
+    via: str,
+    api_url: str = "",
+) -> list[Agent]:
+    """The node agents on `nodes` (every node when None) and the cluster view, one per
+    key: where a rollout leaves two pods for a key, the Ready one, then the newest."""
+    if via not in ("direct", "proxy"):
+        raise ValueError(f"via must be 'direct' or 'proxy', not {via!r}")
+    if via == "proxy" and not api_url:
+        raise ValueError("via='proxy' needs the API server's URL")
+    chosen: dict[str, tuple[tuple[bool, bool, str], Agent]] = {}
+    for pod in lister.list_pods(namespace=namespace, label_selector=AGENT_SELECTOR):
+        agent = _agent_of(pod, via, api_url.rstrip("/"))
+        if agent is None or (
+            agent.role == "node" and nodes is not None and agent.node not in nodes
+        ):
+            continue
+        rank = _rank(pod)
+        if agent.key not in chosen or rank > chosen[agent.key][0]:
+            chosen[agent.key] = (rank, agent)
+    agents = [agent for _, agent in chosen.values()]
+    return sorted(agents, key=lambda a: (a.role == "cluster", a.key))
+
+
+def _agent_of(pod: Pod, via: str, api_url: str) -> Agent | None:
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    role = (metadata.get("labels") or {}).get(COMPONENT_LABEL)
+    port = _metrics_port(spec)
+    if role not in ROLES or port is None:
+        return None
+    node = spec.get("nodeName") if role == "node" else None
+    if role == "node" and not node:
+        return None  # a node agent not placed yet serves no node
+    namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+    ip = str((pod.get("status") or {}).get("podIP") or "")
+    if not ip:
+        url = ""  # neither way reaches a pod without an IP
+    elif via == "direct":
+        url = f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}"
+    else:
+        url = f"{api_url}/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}:{port}/proxy"
+    return Agent(node=node, namespace=namespace, pod=name, url=url, role=role)
+
+
+def _metrics_port(spec: Mapping[str, Any]) -> int | None:
+    for container in spec.get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == PORT_NAME and isinstance(port.get("containerPort"), int):
+                return int(port["containerPort"])
+    return None
+
+
+def _rank(pod: Pod) -> tuple[bool, bool, str]:
+    status, metadata = pod.get("status") or {}, pod.get("metadata") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    alive = status.get("phase") == "Running" and not metadata.get("deletionTimestamp")
+    return (alive and ready, alive, str(metadata.get("creationTimestamp", "")))
+
+
+def query_nodes(
+    lister: PodLister,
+    *,
+    pod: str | None = None,
+    workload: str | None = None,
+    engine: str | None = None,
+) -> set[str] | None:
+    """The nodes an explain query's pods run on; None when the query names no pod (a GPU,
+    a model name): then every node may hold the answer. Pods not placed have no node; the
+    cluster view, always read, answers for them."""
+    if engine is not None and "/" in engine:
+        # NS/POD[:RANK], or a model name such as org/model: a pod that is not there.
+        ns, _, name = engine.partition("/")
+        found = _pods_named(lister, ns, name.split(":", 1)[0])
+        return _nodes(found) if found else None
+    if pod is not None:
+        ns, _, name = pod.partition("/")
+        return _nodes(_pods_named(lister, ns, name))
+    if workload is not None:
+        ns, _, name = workload.partition("/")
+        return _nodes(p for p in lister.list_pods(namespace=ns) if _workload(p) == name)
+    return None
+
+
+def _pods_named(lister: PodLister, namespace: str, name: str) -> list[Pod]:
+    if not namespace or not name:
+        return []
+    return lister.list_pods(namespace=namespace, field_selector=f"metadata.name={name}")
+
+
+def _workload(pod: Pod) -> str:
+    metadata = pod.get("metadata") or {}
+    return workload_of(
+        str(metadata.get("name", "")), metadata.get("labels"), metadata.get("ownerReferences")
+    )
+
+
+def _nodes(pods: Iterable[Pod]) -> set[str]:
+    return {str(n) for p in pods if (n := (p.get("spec") or {}).get("nodeName"))}
+
+
+# --- reading the documents ---
+
+
+def fetch_documents(
+    agents: Sequence[Agent],
+    *,
+    deadline_seconds: float,
+    concurrency: int,
+    headers: Mapping[str, str] | None = None,
+    tls_context: ssl.SSLContext | None = None,
+    max_body_bytes: int = MAX_DOCUMENT_BYTES,
+) -> FetchResult:
+    """Every agent's /ledger.json, `concurrency` at a time, all within one deadline: a
+    read gets the time left when it starts, so a slow agent delays no answer past it."""
+    if deadline_seconds <= 0 or concurrency < 1:
+        raise ValueError("deadline_seconds must be > 0 and concurrency >= 1")
+    reader = _Reader(
+        time.monotonic() + deadline_seconds,
+        deadline_seconds,
+        headers or {},
+        tls_context,
+        max_body_bytes,
+    )
+    result = FetchResult({}, {})
+    lock = threading.Lock()
+
+    def read(agent: Agent) -> None:
+        doc, failure = reader.read(agent)
+        with lock:
+            if doc is not None:
+                result.documents[agent.key] = doc
+            else:
+                result.failures[agent.key] = failure
+
+    if agents:
+        with ThreadPoolExecutor(min(concurrency, len(agents)), "ledger-read") as pool:
+            list(pool.map(read, agents))
+    return result
+
+
+@dataclass(frozen=True)
+class _Reader:
+    end: float  # time.monotonic() by which every read is over
+    deadline_seconds: float
+    headers: Mapping[str, str]
+    tls_context: ssl.SSLContext | None
+    max_body_bytes: int
+
+    def read(self, agent: Agent) -> tuple[Doc | None, str]:
+        who = f"{agent.namespace}/{agent.pod}"
+        if not agent.url:
+            return None, f"{who}: the pod has no IP (not running)"
+        left = self.end - time.monotonic()
+        if left <= 0:
+            return None, f"{who}: not read, the {self.deadline_seconds:g}s deadline passed first"
+        target = agent.url + "/ledger.json"
+        client = HttpClient(
+            deadline_seconds=left,
+            max_body_bytes=self.max_body_bytes,
+            headers={**self.headers, "Accept": "application/json"},
+            tls_context=self.tls_context,
+            max_redirects=0,  # credentials for the API server go nowhere else
+        )
+        try:
+            response = client.get(target)
+        except HttpError as exc:
+            return None, f"{who}: {exc.message} ({exc.reason})"
+        if response.status != 200:
+            status = f"HTTP {response.status}{_status(response.body)}"
+            return None, f"{who}: {safe_url(target)}: {status}"
+        return _document(who, target, response.body)
+
+
+def _document(who: str, target: str, body: bytes) -> tuple[Doc | None, str]:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None, f"{who}: {safe_url(target)}: not JSON"
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return None, f"{who}: {safe_url(target)}: not a {SCHEMA} document"
+    return doc, ""
+
+
+def _status(body: bytes) -> str:
+    """The message of a Kubernetes Status answer (the API server saying why its proxy
+    failed: "no endpoints", "connection refused"), short and on one line."""
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        return ""
+    if not isinstance(message, str) or not message:
+        return ""
+    return ": " + " ".join(message.split())[:200]
+
+
+# --- the API server ---
+
+
+class ApiServer:
+    """A PodLister over the Kubernetes API with the caller's credentials, through
+    HttpClient: every request has one deadline and a byte cap, and no retries hide a
+    failure. Its `headers()` and `tls_context` are what a pod proxy read needs too."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        authorization: Callable[[], str | None],
+        tls_context: ssl.SSLContext | None,
+        deadline_seconds: float,
+        in_cluster: bool,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.tls_context = tls_context
+        self.in_cluster = in_cluster
+        self._authorization = authorization
+        self._deadline = deadline_seconds
+
+    def headers(self) -> dict[str, str]:
+        """The Authorization header, re-read each call (in-cluster tokens rotate)."""
+        value = self._authorization()
+        return {"Authorization": value} if value else {}
+
+    def list_pods(
+        self, *, namespace: str | None, label_selector: str = "", field_selector: str = ""
+    ) -> list[Pod]:
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        items: list[Pod] = []
+        token = ""
+        for _ in range(MAX_LIST_PAGES):
+            params = {k: v for k, v in query.items() if v}
+            params.update({"limit": str(LIST_PAGE), **({"continue": token} if token else {})})
+            page = self._get(f"{path}?{urlencode(params)}")
+            items.extend(p for p in page.get("items") or [] if isinstance(p, Mapping))
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
+        raise ClusterError(f"{self.url}{path}: more than {MAX_LIST_PAGES} pages of pods")
+
+    def _get(self, path_and_query: str) -> Mapping[str, Any]:
+        target = self.url + path_and_query
+        client = HttpClient(
+            deadline_seconds=self._deadline,
+            max_body_bytes=MAX_LIST_BYTES,
+            headers={**self.headers(), "Accept": "application/json"},
+            tls_context=self.tls_context,
+            max_redirects=0,
+        )
+        try:
+            response = client.get(target)
+        except HttpError as exc:
+            raise ClusterError(
+                f"cannot reach the Kubernetes API: {exc.message} ({exc.reason})"
+            ) from None
+        if response.status != 200:
+            raise ClusterError(
+                f"the Kubernetes API answered {safe_url(target)}: HTTP {response.status}"
+                f"{_status(response.body)}"
+            )
+        try:
+            body = json.loads(response.body)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise ClusterError(f"{safe_url(target)}: not a Kubernetes API answer")
+        return body
+
+
+def connect(
+    *,
+    kubeconfig: str | None,
+    context: str | None,
+    deadline_seconds: float,
+    service_account_dir: str = SERVICE_ACCOUNT_DIR,
+) -> ApiServer:
+    """The API server as kubectl would find it: `kubeconfig` when given; else in-cluster
+    when the service account's files are mounted; else $KUBECONFIG or ~/.kube/config.
+    The kubernetes client loads the configuration (every authenticator it supports);
+    the requests themselves go through HttpClient."""
+    from gpuledger.sources import kubeapi  # noqa: PLC0415 (only discovery needs it)
+
+    in_cluster = kubeconfig is None and Path(service_account_dir, "token").is_file()
+    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+    where = "the in-cluster configuration" if in_cluster else f"kubeconfig {path}"
+    try:
+        if in_cluster:
+            configuration = kubeapi.incluster_configuration(service_account_dir)
+        else:
+            configuration = kubeapi.kubeconfig_configuration(path, context=context)
+        tls_context = tls_context_of(configuration)
+    except ClusterError:
+        raise
+    except Exception as exc:  # ConfigException, OSError, YAML and SSL errors
+        detail = (str(exc).splitlines() or [""])[0][:160] or type(exc).__name__
+        raise ClusterError(f"cannot load {where}: {detail}") from None
+    return ApiServer(
+        str(configuration.host),
+        authorization=lambda: configuration.get_api_key_with_prefix(
+            "BearerToken", alias="authorization"
+        ),
+        tls_context=tls_context,
+        deadline_seconds=deadline_seconds,
+        in_cluster=in_cluster,
+    )
+
+
+def tls_context_of(configuration: Any) -> ssl.SSLContext | None:
+    """The kubernetes client's TLS settings as an SSLContext: its CA (file or data), its
+    client certificate, and `insecure-skip-tls-verify`. None for an http:// server."""
+    if not str(configuration.host).startswith("https://"):
+        return None
+    if getattr(configuration, "tls_server_name", None):
+        raise ClusterError("kubeconfig tls-server-name is not supported here: use --from URL")
+    context = ssl.create_default_context(
+        cafile=configuration.ssl_ca_cert or None,
+        cadata=getattr(configuration, "ca_cert_data", None) or None,
+    )
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
