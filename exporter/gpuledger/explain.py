@@ -12,6 +12,7 @@ read.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -156,11 +157,33 @@ class Fleet:
         return None
 
     def find_gpu(self, text: str) -> tuple[Doc, Doc]:
-        matches = [u for u in self.gpus if u == text or u.startswith(text)]
-        if len(matches) != 1:
-            what = "no GPU" if not matches else f"{len(matches)} GPUs"
-            raise ExplainError(EXIT_NOT_FOUND, f"{what} matching {text!r} in the ledger")
-        return self.gpus[matches[0]]
+        if text in self.gpus:
+            return self.gpus[text]
+        matches = sorted(
+            (u for u in self.gpus if u.startswith(text)),
+            key=lambda u: (self.gpus[u][1]["node"], self.gpus[u][0]["index"], u),
+        )
+        if len(matches) == 1:
+            return self.gpus[matches[0]]
+        if not matches:
+            raise ExplainError(EXIT_NOT_FOUND, f"no GPU matching {text!r} in the ledger")
+        # An ambiguous prefix: the candidates, so the next try can be exact.
+        listed = [
+            f"  {u}  index {self.gpus[u][0]['index']} on {self.gpus[u][1]['node']}"
+            for u in matches[:MAX_CANDIDATES]
+        ]
+        more = len(matches) - len(listed)
+        raise ExplainError(
+            EXIT_NOT_FOUND,
+            printable(f"{len(matches)} GPUs match {text!r}; give more of the UUID:")
+            + "".join(f"\n{printable(line)}" for line in listed)
+            + (f"\n  … and {more} more" if more > 0 else ""),
+        )
+
+    def pod_names(self) -> list[str]:
+        """NAMESPACE/NAME of every pod the documents name, placed or not."""
+        pods = [p for w in self.workloads.values() for p in [*w.pods.values(), *w.pending]]
+        return sorted({f"{p['namespace']}/{p['name']}" for p in pods})
 
 
 def _bytes(n: float | None) -> str:
@@ -247,6 +270,36 @@ def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]
     }
 
 
+MAX_CANDIDATES = 10
+
+
+def candidates(text: str, names: Iterable[str]) -> list[str]:
+    """NAMESPACE/NAMEs a query that matched nothing may have meant: the same name in any
+    namespace (a query without its namespace), names that start with it, close spellings."""
+    by_name: dict[str, list[str]] = {}
+    for full in sorted(set(names)):
+        by_name.setdefault(full.rpartition("/")[2], []).append(full)
+    bare = text.rpartition("/")[2]
+    same = by_name.get(bare, [])
+    started = [
+        f
+        for n, fs in by_name.items()
+        for f in fs
+        if f.startswith(text) or (bare and n.startswith(bare))
+    ]
+    spelled = difflib.get_close_matches(bare, list(by_name), n=3, cutoff=0.75)
+    close = [f for n in spelled for f in by_name[n]]
+    return list(dict.fromkeys(same + started + close))[:MAX_CANDIDATES]
+
+
+def did_you_mean(text: str, names: Iterable[str]) -> str:
+    found = [printable(n) for n in candidates(text, names)]
+    if not found:
+        return ""
+    listed = found[0] if len(found) == 1 else ", ".join(found[:-1]) + " or " + found[-1]
+    return f"; did you mean {listed}?"
+
+
 def select(
     fleet: Fleet,
     *,
@@ -261,7 +314,8 @@ def select(
         if found is None:
             raise ExplainError(
                 EXIT_NOT_FOUND,
-                f"pod {pod!r} is in no ledger read (expected NAMESPACE/NAME of a GPU pod)",
+                f"pod {pod!r} is in no ledger read (expected NAMESPACE/NAME of a GPU pod)"
+                + did_you_mean(pod, fleet.pod_names()),
             )
         return [found]
     if workload is not None:
@@ -269,7 +323,8 @@ def select(
         if (ns, name) not in fleet.workloads:
             raise ExplainError(
                 EXIT_NOT_FOUND,
-                f"workload {workload!r} is in no ledger read (expected NAMESPACE/NAME)",
+                f"workload {workload!r} is in no ledger read (expected NAMESPACE/NAME)"
+                + did_you_mean(workload, [f"{k[0]}/{k[1]}" for k in fleet.workloads]),
             )
         return [fleet.workloads[(ns, name)]]
     if gpu is not None:
@@ -315,8 +370,28 @@ def explain(
     }
     if query.get("gpu"):
         gpu, doc = fleet.find_gpu(str(query["gpu"]))
-        result["gpu"] = {**gpu, "node": doc["node"]}
+        result["gpu"] = {
+            **gpu,
+            "node": doc["node"],
+            "host_processes": host_processes(fleet, gpu["uuid"], doc["node"]),
+        }
     return result
+
+
+def host_processes(fleet: Fleet, uuid: str, node: str) -> list[dict[str, Any]]:
+    """Processes in no pod (a host daemon, a user's job) that hold memory on this GPU."""
+    return [
+        {
+            "pid": p["pid"],
+            "title": p["title"],
+            "cuda_devices": p.get("cuda_devices"),
+            "used_bytes": g["used_bytes"],
+        }
+        for p in fleet.processes
+        if p["node"] == node and not p.get("container")
+        for g in p["gpu_memory"]
+        if g["gpu_uuid"] == uuid
+    ]
 
 
 def verdicts(docs: Sequence[Doc], t: Thresholds | None = None) -> dict[tuple[str, str], Verdict]:
@@ -351,7 +426,8 @@ def render_text(result: Mapping[str, Any]) -> str:
             f"{_bytes(gpu['memory_used_bytes'])} / {_bytes(gpu['memory_total_bytes'])} used"
             + ("" if gpu["up"] else f"  DOWN ({gpu['error_reason']})")
         )
-        if not result["workloads"]:
+        lines.extend(_host_process_lines(gpu))
+        if not result["workloads"] and not gpu.get("host_processes"):
             lines.append("  no pod holds or uses this GPU")
     for w in result["workloads"]:
         lines.append(f"workload {w['namespace']}/{w['workload']}")
@@ -362,10 +438,17 @@ def render_text(result: Mapping[str, Any]) -> str:
             )
         for entry in w["pods"]:
             lines.extend(_pod_lines(entry))
+            note = ordinal_note(entry)
+            # A difference is noted where it occurs; the general note once per output.
+            if note is not None and (note[1] or ORDINAL_NOTE not in lines):
+                lines.append(note[0])
         v = w["verdict"]
         reason = f" — {v['reason']}" if v["reason"] else ""
         lines.append(f"  verdict: {STAGE_TEXT.get(v['stage'], v['stage'])}{reason}")
         lines.extend(f"    evidence: {e}" for e in v["evidence"])
+        lines.append(f"    next step: {v['next_step']}")
+        if v["runbook_url"]:
+            lines.append(f"    runbook: {v['runbook_url']}")
         if w["discrepancies"]:
             lines.extend(f"  ledger disagrees: {d}" for d in w["discrepancies"])
         else:
@@ -420,3 +503,52 @@ def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
 def _cuda_name(process: Mapping[str, Any], uuid: str) -> str:
     devices = process.get("cuda_devices") or []
     return f"cuda:{devices.index(uuid)} = " if uuid in devices else ""
+
+
+def _host_process_lines(gpu: Mapping[str, Any]) -> list[str]:
+    uuid = gpu["uuid"]
+    lines = [
+        f"  host process {p['pid']} {p['title'] or '?'} (in no pod)  holds "
+        f"{_cuda_name(p, uuid)}{uuid} {_bytes(p['used_bytes'])}"
+        for p in gpu.get("host_processes") or []
+    ]
+    unread = gpu.get("unattributed_memory_bytes")
+    if not lines and unread:
+        # NVML counts it outside every pod, but procfs could not name the process.
+        lines.append(f"  processes in no pod hold {_bytes(unread)} (not identified)")
+    return lines
+
+
+ORDINAL_NOTE = (
+    "    note: ordinal N is the container's numbering of its GPUs, cuda:N a process's own "
+    "after its CUDA_VISIBLE_DEVICES; the two can differ, the UUID names the GPU"
+)
+
+
+def ordinal_note(entry: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """Where a pod shows both numberings, one line on how they relate (identity rule 4):
+    naming a process whose cuda:N is not its container's ordinal N (True), else the general
+    note (False); None where only one numbering appears."""
+    ordinals = {
+        (c["container"], d["gpu_uuid"]): d["local_index"]
+        for c in entry["containers"]
+        for d in c["devices"]
+    }
+    both = False
+    for p in entry["processes"]:
+        container = (p.get("container") or {}).get("container")
+        for g in p["gpu_memory"]:
+            ordinal = ordinals.get((container, g["gpu_uuid"]))
+            devices = p.get("cuda_devices") or []
+            if ordinal is None or g["gpu_uuid"] not in devices:
+                continue
+            both = True
+            cuda = devices.index(g["gpu_uuid"])
+            if cuda != ordinal:
+                return (
+                    f"    note: process {p['pid']} calls its container's ordinal {ordinal} "
+                    f"cuda:{cuda}: its CUDA_VISIBLE_DEVICES renumbers the container's GPUs; "
+                    "the UUID names the GPU",
+                    True,
+                )
+    return (ORDINAL_NOTE, False) if both else None

@@ -18,7 +18,7 @@ h1{font-size:1.4em;margin:0 0 .2em} h2{font-size:1.1em;margin:1.4em 0 .4em}
 table{border-collapse:collapse;width:100%} th,td{border:1px solid #d0d7de;padding:4px 8px;
 text-align:left;vertical-align:top} th{background:#f3f4f6} code{font-size:12px}
 .bad{color:#b42318;font-weight:600} .ok{color:#067647} .muted{color:#667085}
-.stage{font-weight:600}
+.stage{font-weight:600} .next{min-width:16em} a.runbook{white-space:nowrap}
 """
 
 
@@ -94,6 +94,7 @@ def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
             if e["up"] and e["kv_cache_usage_ratio"] is not None
         ]
         reason = f" ({_e(verdict.reason)})" if verdict.reason else ""
+        step = verdict.next_step
         rows.append(
             "<tr>"
             f"<td>{_e(ns)}/{_e(name)}</td>"
@@ -103,9 +104,14 @@ def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
             f"<td>{waiting:g}</td><td>{running:g}</td>"
             f"<td>{f'{max(kv) * 100:.0f}%' if kv else ''}</td>"
             f"<td>{'<br>'.join(map(_e, verdict.evidence))}</td>"
+            f"<td class=next>{_e(step.text)}{_runbook_link(step.runbook_url)}</td>"
             "</tr>"
         )
     return rows
+
+
+def _runbook_link(url: str | None) -> str:
+    return f' <a class=runbook href="{_e(url)}">runbook</a>' if url else ""
 
 
 def _source(status: Mapping[str, Any]) -> str:
@@ -125,7 +131,7 @@ def render_page(doc: Mapping[str, Any]) -> str:
     taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc.get("taken_at", 0)))
     gpu_rows = "".join(_gpu_rows(doc)) or "<tr><td colspan=9 class=muted>no GPUs</td></tr>"
     workload_rows = "".join(_workload_rows(doc)) or (
-        "<tr><td colspan=8 class=muted>no GPU workloads</td></tr>"
+        "<tr><td colspan=9 class=muted>no GPU workloads</td></tr>"
     )
     unknowns = "".join(f"<li>{_e(u)}</li>" for u in doc.get("unknowns", []))
     return f"""<!doctype html>
@@ -141,7 +147,8 @@ Sources: {sources}. <a href="ledger.json">ledger.json</a> · <a href="metrics">m
 <tbody>{gpu_rows}</tbody></table>
 <h2>Workloads</h2>
 <table id="workloads"><thead><tr><th>workload</th><th>pods</th><th>where requests wait</th>
-<th>engines up</th><th>waiting</th><th>running</th><th>max KV</th><th>evidence</th></tr></thead>
+<th>engines up</th><th>waiting</th><th>running</th><th>max KV</th><th>evidence</th>
+<th>what to do next</th></tr></thead>
 <tbody>{workload_rows}</tbody></table>
 </body></html>
 """
