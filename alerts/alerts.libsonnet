@@ -12,7 +12,7 @@
 // and engine alerts only fire while the workload is in their stage, a workload is in one
 // stage at a time (exporter/gpuledger/stages.json: pending_placement > starting > routing >
 // engine_queueing > ...), and an engine alert fires only for an engine whose reason
-// (gpuledger:engine_queue_reason_rank:max) is the alert's: what `gpuledger explain` says.
+// (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max) is the alert's: what `gpuledger explain` says.
 // Those alerts take their `layer` from their stage in stages.json.
 // `runbook_url` is added to every alert in one place: add-runbook-links.libsonnet.
 {
@@ -28,14 +28,14 @@
   local stageOf(name) = [s for s in $._stages.stages if s.stage == name][0],
   local inStage(stage) = std.rstripChars(|||
     and on (%(wkey)s)
-    (gpuledger:workload_stage:onehot{stage="%(stage)s"} == 1)
+    (namespace_workload_stage:gpuledger_stage_code:onehot{stage="%(stage)s"} == 1)
   ||| % { wkey: wkey, stage: stage }, '\n'),
   // An engine whose strongest engine_queueing reason is `reason`.
   local engineReason(reason) =
     local reasons = stageOf('engine_queueing').reasons;
     std.rstripChars(|||
       and on (%(ekey)s)
-      (gpuledger:engine_queue_reason_rank:max == %(rank)d)
+      (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max == %(rank)d)
     ||| % { ekey: ekey, rank: std.length(reasons) - std.find(reason, reasons)[0] }, '\n'),
   // Ledger alerts stay silent on a node where a source the ledger needs is down.
   local ledgerSourcesUp = |||
@@ -64,7 +64,7 @@
           {
             alert: 'GpuLedgerPodsPendingPlacement',
             expr: |||
-              gpuledger:workload_pods_pending_placement:sum > 0
+              namespace_workload_reason:gpuledger_pod_pending_placement:sum > 0
             |||,
             'for': c.podsPendingPlacementFor,
             labels: { severity: 'warning', layer: stageOf('pending_placement').layer },
@@ -76,7 +76,7 @@
           {
             alert: 'GpuLedgerRayPlacementGroupsInfeasible',
             expr: |||
-              gpuledger:workload_ray_placement_groups_pending:sum{scheduling_state="INFEASIBLE"} > 0
+              namespace_workload_scheduling_state:gpuledger_ray_placement_groups_pending:sum{scheduling_state="INFEASIBLE"} > 0
             |||,
             'for': c.rayPlacementGroupsInfeasibleFor,
             labels: { severity: 'warning', layer: stageOf('pending_placement').layer },
@@ -88,7 +88,7 @@
           {
             alert: 'GpuLedgerRayPlacementGroupsWaiting',
             expr: |||
-              gpuledger:workload_ray_placement_groups_pending:sum{scheduling_state="NO_RESOURCES"} > 0
+              namespace_workload_scheduling_state:gpuledger_ray_placement_groups_pending:sum{scheduling_state="NO_RESOURCES"} > 0
             |||,
             'for': c.rayPlacementGroupsWaitingFor,
             labels: { severity: 'warning', layer: stageOf('pending_placement').layer },
@@ -105,7 +105,7 @@
           {
             alert: 'GpuLedgerWorkloadStartingTooLong',
             expr: |||
-              max by (%(wkey)s) (gpuledger:workload_stage:onehot{stage="starting"} == 1)
+              max by (%(wkey)s) (namespace_workload_stage:gpuledger_stage_code:onehot{stage="starting"} == 1)
             ||| % { wkey: wkey },
             'for': c.workloadStartingFor,
             labels: { severity: 'warning', layer: stageOf('starting').layer },
@@ -177,7 +177,7 @@
           {
             alert: 'GpuLedgerRoutingImbalance',
             expr: |||
-              gpuledger:workload_routing_imbalance:count > 0
+              namespace_workload:gpuledger_routing_imbalance:sum > 0
               %(inStage)s
             ||| % { inStage: inStage('routing') },
             'for': c.routingImbalanceFor,
@@ -185,7 +185,7 @@
             annotations: {
               summary: 'Some engines of a workload queue while sibling engines have headroom.',
               description: '{{ $value }} engine(s) of workload ' + workloadText + ' have had requests waiting for %s while ' % c.routingImbalanceFor
-                           + '{{ with printf `gpuledger:workload_engines_with_headroom:count{' + cl + '=%q,namespace=%q,workload=%q}` $labels.' + cl + ' $labels.namespace $labels.workload | query }}{{ . | first | value }}{{ else }}some{{ end }}'
+                           + '{{ with printf `namespace_workload:gpuledger_engine_headroom:sum{' + cl + '=%q,namespace=%q,workload=%q}` $labels.' + cl + ' $labels.namespace $labels.workload | query }}{{ . | first | value }}{{ else }}some{{ end }}'
                            + ' sibling engine(s) have headroom: requests are not spread over the replicas.',
             },
           },

@@ -1,4 +1,15 @@
-// Recording rules `gpuledger:<what>:<aggregation>`.
+// Recording rules, named `level:metric:operations` as in the kubernetes-mixin:
+//   level       the labels the result keeps, `cluster` left implicit: namespace_workload
+//               (+ _reason, _kind, _scheduling_state, _stage, _stage_reason for the extra
+//               label), node_namespace_workload_pod_engine (an engine; pod_uid and
+//               model_name ride along), node_namespace_pod (a pod; pod_uid rides along);
+//   metric      the gpuledger_* metric aggregated, with the value of a fixed selector
+//               appended (`gpuledger_engine_requests{state="waiting"}` ->
+//               gpuledger_engine_requests_waiting), or, for a derived quantity no raw
+//               metric has (a 0/1 condition, a stage code), its gpuledger_* name;
+//   operations  the aggregation: sum, max, count, group, rate5m (a summed 5m rate), onehot.
+// docs/mixin.md ("Recording rule names") has the table of the names before this
+// convention.
 //
 // Workload identity is (cluster, namespace, workload). Engine identity adds node, pod,
 // pod_uid, model_name and engine (the vLLM data-parallel rank). Ray series from the
@@ -64,9 +75,9 @@
     else '{reason="%s"}' % r,
   // Ray conditions for a key: namespaced, or namespace-less (joined on the name only).
   local rayPending(key, ns) =
-    'sum by (%s) (gpuledger:workload_ray_gpus_pending:sum%s) > 0' % [key, ns],
+    'sum by (%s) (namespace_workload_kind:gpuledger_ray_pending_gpus:sum%s) > 0' % [key, ns],
   local rayInfeasible(key, ns) =
-    'sum by (%s) (gpuledger:workload_ray_placement_groups_pending:sum{%sscheduling_state="INFEASIBLE"}) > 0'
+    'sum by (%s) (namespace_workload_scheduling_state:gpuledger_ray_placement_groups_pending:sum{%sscheduling_state="INFEASIBLE"}) > 0'
     % [key, if ns == '' then '' else 'namespace="", '],
   local rayKeys = [[wkey, ''], ['%s, workload' % cl, '{namespace=""}']],
   local rayCondition(reason, key, ns) =
@@ -79,21 +90,21 @@
   local conditions = {
     pending_placement: [
       if std.member(rayReasons, r) then [r, rayCondition(r, k[0], k[1]), k[0]]
-      else [r, 'sum by (%s) (gpuledger:workload_pods_pending_placement:sum%s) > 0' % [wkey, podReasonSelector(r)], wkey]
+      else [r, 'sum by (%s) (namespace_workload_reason:gpuledger_pod_pending_placement:sum%s) > 0' % [wkey, podReasonSelector(r)], wkey]
       for r in stageOf('pending_placement').reasons
       for k in (if std.member(rayReasons, r) then rayKeys else [rayKeys[0]])
     ],
     starting: [
-      ['pod_not_ready', 'gpuledger:workload_pods_starting:sum > 0', wkey],
-      ['engine_not_up', 'gpuledger:workload_engines_up:sum < gpuledger:workload_engines_expected:count', wkey],
+      ['pod_not_ready', 'namespace_workload:gpuledger_pod_starting:sum > 0', wkey],
+      ['engine_not_up', 'namespace_workload:gpuledger_engine_up:sum < namespace_workload:gpuledger_engine_up:count', wkey],
     ],
-    routing: [['imbalance', 'gpuledger:workload_routing_imbalance:count > 0', wkey]],
+    routing: [['imbalance', 'namespace_workload:gpuledger_routing_imbalance:sum > 0', wkey]],
     engine_queueing: [
-      [r, 'max by (%s) (gpuledger:engine_queue_reason_rank:max) == %d' % [wkey, rank('engine_queueing', r)], wkey]
+      [r, 'max by (%s) (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max) == %d' % [wkey, rank('engine_queueing', r)], wkey]
       for r in stageOf('engine_queueing').reasons
     ],
-    serving: [[null, 'gpuledger:workload_requests_running:sum > 0', wkey]],
-    idle: [[null, 'gpuledger:workload_engines_expected:count > 0', wkey]],
+    serving: [[null, 'namespace_workload:gpuledger_engine_requests_running:sum > 0', wkey]],
+    idle: [[null, 'namespace_workload:gpuledger_engine_up:count > 0', wkey]],
     no_engine: [[null, null, wkey]],  // every workload: the last stage always holds
   },
   assert std.set(std.objectFields(conditions)) == std.set([s.stage for s in model.stages])
@@ -105,8 +116,8 @@
          : 'every reason of stages.json needs a condition in alerts/rules.libsonnet',
   // Every condition, strongest first: `or` keeps the first one present per workload.
   local candidates = [
-    if c[1] == null then '%d * gpuledger:workloads:group' % code(s.stage, c[0])
-    else '%d * (\n  gpuledger:workloads:group\n  and on (%s)\n  (\n%s\n  )\n)' % [code(s.stage, c[0]), c[2], indent(c[1], 4)]
+    if c[1] == null then '%d * namespace_workload:gpuledger_workloads:group' % code(s.stage, c[0])
+    else '%d * (\n  namespace_workload:gpuledger_workloads:group\n  and on (%s)\n  (\n%s\n  )\n)' % [code(s.stage, c[0]), c[2], indent(c[1], 4)]
     for s in model.stages
     for c in std.sort(conditions[s.stage], function(c) if c[0] == null then 0 else -rank(s.stage, c[0]))
   ],
@@ -120,7 +131,7 @@
       max by (%(ekey)s) (gpuledger_engine_requests_waiting_by_reason{%(sel)s, reason="capacity"}) > 0
     ||| % { ekey: ekey, sel: sel },
     max_num_seqs: |||
-      gpuledger:engine_at_max_num_seqs:max == 1
+      node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max == 1
       and on (%(ekey)s)
       max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s}) < %(headroom)g
     ||| % { ekey: ekey, sel: sel, headroom: c.kvCacheHeadroomRatio },
@@ -136,7 +147,7 @@
         rules: [
           // ------------------------------------------------------------ placement
           {
-            record: 'gpuledger:workload_pods_pending_placement:sum',
+            record: 'namespace_workload_reason:gpuledger_pod_pending_placement:sum',
             expr: |||
               sum by (%(wkey)s, reason) (
                 gpuledger_pod_pending_placement{%(sel)s}
@@ -146,76 +157,76 @@
             ||| % { wkey: wkey, sel: sel, cl: cl },
           },
           {
-            record: 'gpuledger:workload_gpus_pending_placement:sum',
+            record: 'namespace_workload:gpuledger_pod_pending_gpus:sum',
             expr: |||
               sum by (%(wkey)s) (gpuledger_pod_pending_gpus{%(sel)s})
             ||| % { wkey: wkey, sel: sel },
           },
           {
-            record: 'gpuledger:workload_ray_gpus_pending:sum',
+            record: 'namespace_workload_kind:gpuledger_ray_pending_gpus:sum',
             expr: |||
               sum by (%(wkey)s, kind) (gpuledger_ray_pending_gpus{%(sel)s})
             ||| % { wkey: wkey, sel: sel },
           },
           {
-            record: 'gpuledger:workload_ray_placement_groups_pending:sum',
+            record: 'namespace_workload_scheduling_state:gpuledger_ray_placement_groups_pending:sum',
             expr: |||
               sum by (%(wkey)s, scheduling_state) (gpuledger_ray_placement_groups{%(sel)s, state="PENDING"})
             ||| % { wkey: wkey, sel: sel },
           },
           // ------------------------------------------------------------ startup
           {
-            record: 'gpuledger:workload_pods_starting:sum',
+            record: 'namespace_workload:gpuledger_pod_starting:sum',
             expr: |||
               sum by (%(wkey)s) (gpuledger_pod_starting{%(sel)s})
             ||| % { wkey: wkey, sel: sel },
           },
           {
-            record: 'gpuledger:workload_engines_up:sum',
+            record: 'namespace_workload:gpuledger_engine_up:sum',
             expr: |||
               sum by (%(wkey)s) (gpuledger_engine_up{%(sel)s})
             ||| % { wkey: wkey, sel: sel },
           },
           {
-            record: 'gpuledger:workload_engines_expected:count',
+            record: 'namespace_workload:gpuledger_engine_up:count',
             expr: |||
               count by (%(wkey)s) (gpuledger_engine_up{%(sel)s})
             ||| % { wkey: wkey, sel: sel },
           },
           // ------------------------------------------------------------ engines
           {
-            record: 'gpuledger:workload_requests_waiting:sum',
+            record: 'namespace_workload:gpuledger_engine_requests_waiting:sum',
             expr: |||
               sum by (%(wkey)s) (gpuledger_engine_requests{%(sel)s, state="waiting"})
             ||| % { wkey: wkey, sel: sel },
           },
           {
-            record: 'gpuledger:workload_requests_running:sum',
+            record: 'namespace_workload:gpuledger_engine_requests_running:sum',
             expr: |||
               sum by (%(wkey)s) (gpuledger_engine_requests{%(sel)s, state="running"})
             ||| % { wkey: wkey, sel: sel },
           },
           {
-            record: 'gpuledger:workload_requests_waiting_by_reason:sum',
+            record: 'namespace_workload_reason:gpuledger_engine_requests_waiting_by_reason:sum',
             expr: |||
               sum by (%(wkey)s, reason) (gpuledger_engine_requests_waiting_by_reason{%(sel)s})
             ||| % { wkey: wkey, sel: sel },
           },
           {
-            record: 'gpuledger:workload_kv_cache_usage:max',
+            record: 'namespace_workload:gpuledger_engine_kv_cache_usage_ratio:max',
             expr: |||
               max by (%(wkey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s})
             ||| % { wkey: wkey, sel: sel },
           },
           {
-            record: 'gpuledger:workload_preemptions:rate5m',
+            record: 'namespace_workload:gpuledger_engine_preemptions:rate5m',
             expr: |||
               sum by (%(wkey)s) (rate(gpuledger_engine_preemptions_total{%(sel)s}[5m]))
             ||| % { wkey: wkey, sel: sel },
           },
           // Per engine, 0/1 for every engine that is up: requests wait in it.
           {
-            record: 'gpuledger:engine_queueing:max',
+            record: 'node_namespace_workload_pod_engine:gpuledger_engine_queueing:max',
             expr: |||
               max by (%(ekey)s) (
                 gpuledger_engine_requests{%(sel)s, state="waiting"} >= bool %(minWaiting)d
@@ -228,7 +239,7 @@
           // batch cannot grow. 0 where --max-num-seqs is not set (the exporter does not
           // guess vLLM's version- and hardware-dependent default).
           {
-            record: 'gpuledger:engine_at_max_num_seqs:max',
+            record: 'node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max',
             expr: |||
               max by (%(ekey)s) (gpuledger_engine_requests{%(sel)s, state="running"})
               >= bool on (%(ekey)s)
@@ -240,40 +251,40 @@
           // Per engine, 0/1 for every engine that is up: it could take more requests now
           // (nothing waits, KV cache below the headroom ratio, below max_num_seqs).
           {
-            record: 'gpuledger:engine_headroom:max',
+            record: 'node_namespace_workload_pod_engine:gpuledger_engine_headroom:max',
             expr: |||
               (
-                gpuledger:engine_queueing:max == 0
+                node_namespace_workload_pod_engine:gpuledger_engine_queueing:max == 0
                 and on (%(ekey)s)
                 (max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s}) < %(headroom)g)
                 unless on (%(ekey)s)
-                (gpuledger:engine_at_max_num_seqs:max == 1)
+                (node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max == 1)
               ) * 0 + 1
               or
-              gpuledger:engine_queueing:max * 0
+              node_namespace_workload_pod_engine:gpuledger_engine_queueing:max * 0
             ||| % { ekey: ekey, sel: sel, headroom: c.kvCacheHeadroomRatio },
           },
           {
-            record: 'gpuledger:workload_engines_queueing:count',
+            record: 'namespace_workload:gpuledger_engine_queueing:sum',
             expr: |||
-              sum by (%(wkey)s) (gpuledger:engine_queueing:max)
+              sum by (%(wkey)s) (node_namespace_workload_pod_engine:gpuledger_engine_queueing:max)
             ||| % { wkey: wkey },
           },
           {
-            record: 'gpuledger:workload_engines_with_headroom:count',
+            record: 'namespace_workload:gpuledger_engine_headroom:sum',
             expr: |||
-              sum by (%(wkey)s) (gpuledger:engine_headroom:max)
+              sum by (%(wkey)s) (node_namespace_workload_pod_engine:gpuledger_engine_headroom:max)
             ||| % { wkey: wkey },
           },
           // Per queueing engine: the rank (stages.json order, strongest highest) of the
           // strongest engine_queueing reason that holds for it.
           {
-            record: 'gpuledger:engine_queue_reason_rank:max',
+            record: 'node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max',
             expr: 'max by (%s) (\n%s\n)\n' % [ekey, indent(std.join('\nor\n', [
               local cond = engineReasonCondition[r];
               if cond == null
-              then '%d * (gpuledger:engine_queueing:max == 1)' % rank('engine_queueing', r)
-              else '%d * (\n  gpuledger:engine_queueing:max == 1\n  and on (%s)\n  (\n%s\n  )\n)' % [rank('engine_queueing', r), ekey, indent(cond, 4)]
+              then '%d * (node_namespace_workload_pod_engine:gpuledger_engine_queueing:max == 1)' % rank('engine_queueing', r)
+              else '%d * (\n  node_namespace_workload_pod_engine:gpuledger_engine_queueing:max == 1\n  and on (%s)\n  (\n%s\n  )\n)' % [rank('engine_queueing', r), ekey, indent(cond, 4)]
               // `or` keeps the first present per engine: strongest first.
               for r in stageOf('engine_queueing').reasons
             ]), 2)],
@@ -282,20 +293,20 @@
           // Engines that queue while a sibling engine of the same workload has headroom;
           // 0 when the workload's engines are balanced (all queue, or none does).
           {
-            record: 'gpuledger:workload_routing_imbalance:count',
+            record: 'namespace_workload:gpuledger_routing_imbalance:sum',
             expr: |||
-              gpuledger:workload_engines_queueing:count
+              namespace_workload:gpuledger_engine_queueing:sum
               and on (%(wkey)s)
-              (gpuledger:workload_engines_with_headroom:count > 0)
+              (namespace_workload:gpuledger_engine_headroom:sum > 0)
               or
-              gpuledger:workload_engines_queueing:count * 0
+              namespace_workload:gpuledger_engine_queueing:sum * 0
             ||| % { wkey: wkey },
           },
           // ------------------------------------------------------------ stage
           // Every workload any layer knows. A namespace-less Ray key is kept only while no
           // namespaced series names a workload of that name.
           {
-            record: 'gpuledger:workloads:group',
+            record: 'namespace_workload:gpuledger_workloads:group',
             expr: |||
               group by (%(wkey)s) (
               %(namespaced2)s
@@ -321,21 +332,21 @@
           // The stage and its reason as one number, stage code * 100 + reason rank: the
           // strongest condition of stages.json that holds.
           {
-            record: 'gpuledger:workload_stage_reason_code:max',
+            record: 'namespace_workload:gpuledger_stage_reason_code:max',
             expr: 'max by (%s) (\n%s\n)\n' % [wkey, indent(std.join('\nor\n', candidates), 2)],
           },
           // The stage code alone (stages.json `code`), for a Grafana state timeline.
           {
-            record: 'gpuledger:workload_stage_code:max',
+            record: 'namespace_workload:gpuledger_stage_code:max',
             expr: |||
-              floor(gpuledger:workload_stage_reason_code:max / 100)
+              floor(namespace_workload:gpuledger_stage_reason_code:max / 100)
             |||,
           },
         ] + [
           // One series per stage and workload: exactly one of them is 1.
           {
-            record: 'gpuledger:workload_stage:onehot',
-            expr: 'gpuledger:workload_stage_code:max == bool %d\n' % s.code,
+            record: 'namespace_workload_stage:gpuledger_stage_code:onehot',
+            expr: 'namespace_workload:gpuledger_stage_code:max == bool %d\n' % s.code,
             labels: { stage: s.stage },
           }
           for s in model.stages
@@ -343,8 +354,8 @@
           // One series per workload: its stage and the reason (no `reason` label for a
           // stage without reasons), as `gpuledger explain` names them.
           {
-            record: 'gpuledger:workload_stage_reason:group',
-            expr: 'group by (%s) (gpuledger:workload_stage_reason_code:max == %d)\n' % [wkey, code(s.stage, r)],
+            record: 'namespace_workload_stage_reason:gpuledger_stage_reason_code:group',
+            expr: 'group by (%s) (namespace_workload:gpuledger_stage_reason_code:max == %d)\n' % [wkey, code(s.stage, r)],
             labels: { stage: s.stage } + (if r == null then {} else { reason: r }),
           }
           for s in model.stages
@@ -356,7 +367,7 @@
         rules: [
           // Distinct GPUs Kubernetes allocated to a pod (all its containers).
           {
-            record: 'gpuledger:pod_gpus_allocated:count',
+            record: 'node_namespace_pod:gpuledger_gpu_allocation_info:count',
             expr: |||
               count by (%(pkey)s) (
                 group by (%(pkey)s, gpu_uuid) (gpuledger_gpu_allocation_info{%(sel)s})

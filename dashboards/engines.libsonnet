@@ -33,16 +33,16 @@ local g = import 'lib.libsonnet';
         {
           height: 4,
           panels: [
-            g.stat('Engines up', 'vLLM engines whose last scrape succeeded.', 'short', [g.target('sum(gpuledger:workload_engines_up:sum%s) or vector(0)' % W)]),
-            g.stat('Engines expected', 'vLLM engines gpuledger knows of, up or not.', 'short', [g.target('sum(gpuledger:workload_engines_expected:count%s) or vector(0)' % W)]),
+            g.stat('Engines up', 'vLLM engines whose last scrape succeeded.', 'short', [g.target('sum(namespace_workload:gpuledger_engine_up:sum%s) or vector(0)' % W)]),
+            g.stat('Engines expected', 'vLLM engines gpuledger knows of, up or not.', 'short', [g.target('sum(namespace_workload:gpuledger_engine_up:count%s) or vector(0)' % W)]),
             g.stat(
               'Engines queueing',
               'Engines with waiting requests now.',
               'short',
-              [g.target('sum(gpuledger:workload_engines_queueing:count%s) or vector(0)' % W)],
+              [g.target('sum(namespace_workload:gpuledger_engine_queueing:sum%s) or vector(0)' % W)],
               [{ color: 'green', value: null }, { color: 'yellow', value: 1 }],
             ),
-            g.stat('Engines with headroom', 'Engines that could take more requests now.', 'short', [g.target('sum(gpuledger:workload_engines_with_headroom:count%s) or vector(0)' % W)]),
+            g.stat('Engines with headroom', 'Engines that could take more requests now.', 'short', [g.target('sum(namespace_workload:gpuledger_engine_headroom:sum%s) or vector(0)' % W)]),
           ],
         },
         {
@@ -105,14 +105,14 @@ local g = import 'lib.libsonnet';
             ),
             g.stateTimeline(
               'Engine queueing',
-              'Whether requests wait in each engine (gpuledger:engine_queueing:max).',
-              [g.target('max by (namespace, pod, engine) (gpuledger:engine_queueing:max%s)' % W, legend)],
+              'Whether requests wait in each engine (node_namespace_workload_pod_engine:gpuledger_engine_queueing:max).',
+              [g.target('max by (namespace, pod, engine) (node_namespace_workload_pod_engine:gpuledger_engine_queueing:max%s)' % W, legend)],
               [[1, 'queueing', 'yellow'], [0, 'not queueing', 'green']],
             ),
             g.stateTimeline(
               'Engine at max_num_seqs',
-              'Whether the engine runs exactly max_num_seqs requests (gpuledger:engine_at_max_num_seqs:max): the batch cannot grow.',
-              [g.target('max by (namespace, pod, engine) (gpuledger:engine_at_max_num_seqs:max%s)' % W, legend)],
+              'Whether the engine runs exactly max_num_seqs requests (node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max): the batch cannot grow.',
+              [g.target('max by (namespace, pod, engine) (node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max%s)' % W, legend)],
               [[1, 'at max_num_seqs', 'orange'], [0, 'below', 'green']],
             ),
           ],

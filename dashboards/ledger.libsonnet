@@ -168,7 +168,7 @@ local g = import 'lib.libsonnet';
               'GPUs allocated per pod',
               'Distinct GPUs Kubernetes allocated to each pod, all containers together.',
               'short',
-              [g.target('max by (node, namespace, pod) (gpuledger:pod_gpus_allocated:count%s)' % g.selector(c, [node, ns], raw=false))],
+              [g.target('max by (node, namespace, pod) (node_namespace_pod:gpuledger_gpu_allocation_info:count%s)' % g.selector(c, [node, ns], raw=false))],
               [['node', 'Node'], ['namespace', 'Namespace'], ['pod', 'Pod'], ['Value', 'GPUs']],
             ),
           ],

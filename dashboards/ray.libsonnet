@@ -22,8 +22,8 @@ local g = import 'lib.libsonnet';
         // Every namespace a workload is in (Ray GPU worker pods, actors, and the cluster-mode
         // placement groups and pending work), not only those with Ray nodes on GPU nodes: a
         // RayCluster whose placement groups are INFEASIBLE often has no GPU worker at all.
-        g.queryVariable('namespace', 'Namespace', 'label_values(gpuledger:workloads:group%s, namespace)' % g.selector(c, [], raw=false)),
-        g.queryVariable('workload', 'Workload', 'label_values(gpuledger:workloads:group%s, workload)' % g.selector(c, [ns], raw=false)),
+        g.queryVariable('namespace', 'Namespace', 'label_values(namespace_workload:gpuledger_workloads:group%s, namespace)' % g.selector(c, [], raw=false)),
+        g.queryVariable('workload', 'Workload', 'label_values(namespace_workload:gpuledger_workloads:group%s, workload)' % g.selector(c, [ns], raw=false)),
       ],
       [
         {
@@ -87,7 +87,7 @@ local g = import 'lib.libsonnet';
               'Ray GPUs pending',
               'GPUs asked by Ray work that is not placed, by kind.',
               'short',
-              [g.target('sum by (namespace, workload, kind) (gpuledger:workload_ray_gpus_pending:sum%s)' % g.selector(c, [ns, wl], raw=false), '{{workload}} {{kind}}')],
+              [g.target('sum by (namespace, workload, kind) (namespace_workload_kind:gpuledger_ray_pending_gpus:sum%s)' % g.selector(c, [ns, wl], raw=false), '{{workload}} {{kind}}')],
             ),
           ],
         },

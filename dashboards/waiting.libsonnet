@@ -26,11 +26,11 @@ local g = import 'lib.libsonnet';
     local precedence = std.join(' > ', [stageText(s.stage) for s in stages]),
     local stageStat(stage, title, color) = g.stat(
       title,
-      'Workloads whose stage is %s now (gpuledger:workload_stage:onehot).' % stage,
+      'Workloads whose stage is %s now (namespace_workload_stage:gpuledger_stage_code:onehot).' % stage,
       'short',
       // The sum of the 0/1 series, not a count of the 1s: data for every stage while any
       // workload exists, none in this stage included.
-      [g.target('sum(max by (namespace, workload) (gpuledger:workload_stage:onehot%s)) or vector(0)' % g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"', 'stage="%s"' % stage], raw=false))],
+      [g.target('sum(max by (namespace, workload) (namespace_workload_stage:gpuledger_stage_code:onehot%s)) or vector(0)' % g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"', 'stage="%s"' % stage], raw=false))],
       [{ color: 'green', value: null }, { color: color, value: 1 }],
     ),
 
@@ -42,8 +42,8 @@ local g = import 'lib.libsonnet';
       [
         g.datasourceVariable,
         g.clusterVariable(c, 'gpuledger_build_info'),
-        g.queryVariable('namespace', 'Namespace', 'label_values(gpuledger:workloads:group%s, namespace)' % g.selector(c, [], raw=false)),
-        g.queryVariable('workload', 'Workload', 'label_values(gpuledger:workloads:group%s, workload)' % g.selector(c, ['namespace=~"$namespace"'], raw=false)),
+        g.queryVariable('namespace', 'Namespace', 'label_values(namespace_workload:gpuledger_workloads:group%s, namespace)' % g.selector(c, [], raw=false)),
+        g.queryVariable('workload', 'Workload', 'label_values(namespace_workload:gpuledger_workloads:group%s, workload)' % g.selector(c, ['namespace=~"$namespace"'], raw=false)),
       ],
       [
         {
@@ -52,15 +52,15 @@ local g = import 'lib.libsonnet';
           panels: [
             g.stateTimeline(
               'Stage per workload',
-              'One row per workload: the layer its requests wait in. Precedence: %s (gpuledger:workload_stage_code:max; the reason: gpuledger:workload_stage_reason:group).' % precedence,
-              [g.target('max by (namespace, workload) (gpuledger:workload_stage_code:max%s)' % W, '{{namespace}}/{{workload}}')],
+              'One row per workload: the layer its requests wait in. Precedence: %s (namespace_workload:gpuledger_stage_code:max; the reason: namespace_workload_stage_reason:gpuledger_stage_reason_code:group).' % precedence,
+              [g.target('max by (namespace, workload) (namespace_workload:gpuledger_stage_code:max%s)' % W, '{{namespace}}/{{workload}}')],
               stageStates,
             ),
             g.width(g.table(
               'Stage and reason now',
-              'Per workload: its stage and why, the same verdict `gpuledger explain` gives (gpuledger:workload_stage_reason:group).',
+              'Per workload: its stage and why, the same verdict `gpuledger explain` gives (namespace_workload_stage_reason:gpuledger_stage_reason_code:group).',
               'short',
-              [g.target('max by (namespace, workload, stage, reason) (gpuledger:workload_stage_reason:group%s)' % W)],
+              [g.target('max by (namespace, workload, stage, reason) (namespace_workload_stage_reason:gpuledger_stage_reason_code:group%s)' % W)],
               [['namespace', 'Namespace'], ['workload', 'Workload'], ['stage', 'Stage'], ['reason', 'Reason']],
             ), 8),
           ],
@@ -80,22 +80,22 @@ local g = import 'lib.libsonnet';
               'GPU pods pending placement, by reason',
               'Pods that request GPUs and that the scheduler has not placed, by the dominant reason of their PodScheduled=False condition.',
               'short',
-              [g.target('sum by (namespace, workload, reason) (gpuledger:workload_pods_pending_placement:sum%s)' % W, '{{namespace}}/{{workload}} {{reason}}')],
+              [g.target('sum by (namespace, workload, reason) (namespace_workload_reason:gpuledger_pod_pending_placement:sum%s)' % W, '{{namespace}}/{{workload}} {{reason}}')],
             ),
             g.timeseries(
               'GPUs pending placement',
               'GPUs asked by unplaced pods (Kubernetes) and by unplaced Ray placement groups and actors (Ray).',
               'short',
               [
-                g.target('sum by (namespace, workload) (gpuledger:workload_gpus_pending_placement:sum%s)' % W, 'Kubernetes {{namespace}}/{{workload}}'),
-                g.target('sum by (namespace, workload, kind) (gpuledger:workload_ray_gpus_pending:sum%s)' % W, 'Ray {{kind}} {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (namespace_workload:gpuledger_pod_pending_gpus:sum%s)' % W, 'Kubernetes {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload, kind) (namespace_workload_kind:gpuledger_ray_pending_gpus:sum%s)' % W, 'Ray {{kind}} {{namespace}}/{{workload}}'),
               ],
             ),
             g.timeseries(
               'Ray placement groups pending',
               'Pending Ray placement groups by scheduling state: NO_RESOURCES waits for busy resources, INFEASIBLE never fits.',
               'short',
-              [g.target('sum by (namespace, workload, scheduling_state) (gpuledger:workload_ray_placement_groups_pending:sum%s)' % W, '{{namespace}}/{{workload}} {{scheduling_state}}')],
+              [g.target('sum by (namespace, workload, scheduling_state) (namespace_workload_scheduling_state:gpuledger_ray_placement_groups_pending:sum%s)' % W, '{{namespace}}/{{workload}} {{scheduling_state}}')],
             ),
           ],
         },
@@ -131,15 +131,15 @@ local g = import 'lib.libsonnet';
               'Pods starting',
               'Pods placed on a node whose GPU containers are not Ready yet (model download and load).',
               'short',
-              [g.target('sum by (namespace, workload) (gpuledger:workload_pods_starting:sum%s)' % W, '{{namespace}}/{{workload}}')],
+              [g.target('sum by (namespace, workload) (namespace_workload:gpuledger_pod_starting:sum%s)' % W, '{{namespace}}/{{workload}}')],
             ),
             g.timeseries(
               'Engines up vs expected',
               'vLLM engines that answered their last scrape, against every engine gpuledger knows of. A gap means engines are still loading or are failing.',
               'short',
               [
-                g.target('sum by (namespace, workload) (gpuledger:workload_engines_up:sum%s)' % W, 'up {{namespace}}/{{workload}}'),
-                g.target('sum by (namespace, workload) (gpuledger:workload_engines_expected:count%s)' % W, 'expected {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (namespace_workload:gpuledger_engine_up:sum%s)' % W, 'up {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (namespace_workload:gpuledger_engine_up:count%s)' % W, 'expected {{namespace}}/{{workload}}'),
               ],
             ),
           ],
@@ -152,7 +152,7 @@ local g = import 'lib.libsonnet';
               'Requests waiting, by reason',
               'Requests waiting inside vLLM engines: capacity (no room in the batch: KV cache or max_num_seqs) or deferred (LoRA budget, KV transfer). Engines before vLLM 0.20 do not split by reason.',
               'short',
-              [g.target('sum by (namespace, workload, reason) (gpuledger:workload_requests_waiting_by_reason:sum%s)' % W, '{{namespace}}/{{workload}} {{reason}}')],
+              [g.target('sum by (namespace, workload, reason) (namespace_workload_reason:gpuledger_engine_requests_waiting_by_reason:sum%s)' % W, '{{namespace}}/{{workload}} {{reason}}')],
               stack=true,
             ),
             g.timeseries(
@@ -160,15 +160,15 @@ local g = import 'lib.libsonnet';
               'Requests in the running batch and in the waiting queue, summed over the engines of each workload.',
               'short',
               [
-                g.target('sum by (namespace, workload) (gpuledger:workload_requests_running:sum%s)' % W, 'running {{namespace}}/{{workload}}'),
-                g.target('sum by (namespace, workload) (gpuledger:workload_requests_waiting:sum%s)' % W, 'waiting {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (namespace_workload:gpuledger_engine_requests_running:sum%s)' % W, 'running {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (namespace_workload:gpuledger_engine_requests_waiting:sum%s)' % W, 'waiting {{namespace}}/{{workload}}'),
               ],
             ),
             g.timeseries(
               'Max KV-cache usage',
               'The fullest engine of each workload. Dashed lines: the headroom and pressure thresholds of the alerts.',
               'percentunit',
-              [g.target('max by (namespace, workload) (gpuledger:workload_kv_cache_usage:max%s)' % W, '{{namespace}}/{{workload}}')],
+              [g.target('max by (namespace, workload) (namespace_workload:gpuledger_engine_kv_cache_usage_ratio:max%s)' % W, '{{namespace}}/{{workload}}')],
               max=1,
               thresholds=[[c.kvCacheHeadroomRatio, 'yellow'], [c.kvCachePressureRatio, 'red']],
             ),
@@ -176,7 +176,7 @@ local g = import 'lib.libsonnet';
               'Preemptions',
               'Requests preempted per second (KV cache ran out mid-generation; their work is recomputed), 5m rate.',
               'ops',
-              [g.target('sum by (namespace, workload) (gpuledger:workload_preemptions:rate5m%s)' % W, '{{namespace}}/{{workload}}')],
+              [g.target('sum by (namespace, workload) (namespace_workload:gpuledger_engine_preemptions:rate5m%s)' % W, '{{namespace}}/{{workload}}')],
             ),
           ],
         },
@@ -189,15 +189,15 @@ local g = import 'lib.libsonnet';
               'Engines with waiting requests, and engines that could take more now (nothing waits, KV cache below the headroom ratio, below max_num_seqs). Both at once is a routing imbalance.',
               'short',
               [
-                g.target('sum by (namespace, workload) (gpuledger:workload_engines_queueing:count%s)' % W, 'queueing {{namespace}}/{{workload}}'),
-                g.target('sum by (namespace, workload) (gpuledger:workload_engines_with_headroom:count%s)' % W, 'headroom {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (namespace_workload:gpuledger_engine_queueing:sum%s)' % W, 'queueing {{namespace}}/{{workload}}'),
+                g.target('sum by (namespace, workload) (namespace_workload:gpuledger_engine_headroom:sum%s)' % W, 'headroom {{namespace}}/{{workload}}'),
               ],
             ),
             g.timeseries(
               'Routing imbalance',
-              'Engines that queue while a sibling engine of the same workload has headroom (gpuledger:workload_routing_imbalance:count). Above 0: requests are not spread over the replicas.',
+              'Engines that queue while a sibling engine of the same workload has headroom (namespace_workload:gpuledger_routing_imbalance:sum). Above 0: requests are not spread over the replicas.',
               'short',
-              [g.target('sum by (namespace, workload) (gpuledger:workload_routing_imbalance:count%s)' % W, '{{namespace}}/{{workload}}')],
+              [g.target('sum by (namespace, workload) (namespace_workload:gpuledger_routing_imbalance:sum%s)' % W, '{{namespace}}/{{workload}}')],
             ),
             g.timeseries(
               'Requests waiting per engine',

@@ -54,17 +54,17 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       + f.engine('chat-b', waiting=0, running=5, kv=0.35, gpus=['GPU-b']),
       stages={ 'ml/chat': 'serving' },
       exprs=[
-        t.expr('gpuledger:workload_requests_running:sum', { 'gpuledger:workload_requests_running:sum{namespace="ml",workload="chat"}': 8 }),
-        t.expr('gpuledger:workload_requests_waiting:sum', { 'gpuledger:workload_requests_waiting:sum{namespace="ml",workload="chat"}': 0 }),
-        t.expr('gpuledger:workload_kv_cache_usage:max', { 'gpuledger:workload_kv_cache_usage:max{namespace="ml",workload="chat"}': 0.35 }),
+        t.expr('namespace_workload:gpuledger_engine_requests_running:sum', { 'namespace_workload:gpuledger_engine_requests_running:sum{namespace="ml",workload="chat"}': 8 }),
+        t.expr('namespace_workload:gpuledger_engine_requests_waiting:sum', { 'namespace_workload:gpuledger_engine_requests_waiting:sum{namespace="ml",workload="chat"}': 0 }),
+        t.expr('namespace_workload:gpuledger_engine_kv_cache_usage_ratio:max', { 'namespace_workload:gpuledger_engine_kv_cache_usage_ratio:max{namespace="ml",workload="chat"}': 0.35 }),
         // 6 preemptions a minute.
-        t.expr('gpuledger:workload_preemptions:rate5m', { 'gpuledger:workload_preemptions:rate5m{namespace="ml",workload="chat"}': 0.1 }),
-        t.expr('gpuledger:workload_engines_up:sum', { 'gpuledger:workload_engines_up:sum{namespace="ml",workload="chat"}': 2 }),
-        t.expr('gpuledger:workload_engines_expected:count', { 'gpuledger:workload_engines_expected:count{namespace="ml",workload="chat"}': 2 }),
-        t.expr('gpuledger:workload_engines_with_headroom:count', { 'gpuledger:workload_engines_with_headroom:count{namespace="ml",workload="chat"}': 2 }),
-        t.expr('gpuledger:workload_engines_queueing:count', { 'gpuledger:workload_engines_queueing:count{namespace="ml",workload="chat"}': 0 }),
-        t.expr('gpuledger:workload_routing_imbalance:count', { 'gpuledger:workload_routing_imbalance:count{namespace="ml",workload="chat"}': 0 }),
-        t.expr('gpuledger:workload_stage_code:max', { 'gpuledger:workload_stage_code:max{namespace="ml",workload="chat"}': t.stages.serving.code }),
+        t.expr('namespace_workload:gpuledger_engine_preemptions:rate5m', { 'namespace_workload:gpuledger_engine_preemptions:rate5m{namespace="ml",workload="chat"}': 0.1 }),
+        t.expr('namespace_workload:gpuledger_engine_up:sum', { 'namespace_workload:gpuledger_engine_up:sum{namespace="ml",workload="chat"}': 2 }),
+        t.expr('namespace_workload:gpuledger_engine_up:count', { 'namespace_workload:gpuledger_engine_up:count{namespace="ml",workload="chat"}': 2 }),
+        t.expr('namespace_workload:gpuledger_engine_headroom:sum', { 'namespace_workload:gpuledger_engine_headroom:sum{namespace="ml",workload="chat"}': 2 }),
+        t.expr('namespace_workload:gpuledger_engine_queueing:sum', { 'namespace_workload:gpuledger_engine_queueing:sum{namespace="ml",workload="chat"}': 0 }),
+        t.expr('namespace_workload:gpuledger_routing_imbalance:sum', { 'namespace_workload:gpuledger_routing_imbalance:sum{namespace="ml",workload="chat"}': 0 }),
+        t.expr('namespace_workload:gpuledger_stage_code:max', { 'namespace_workload:gpuledger_stage_code:max{namespace="ml",workload="chat"}': t.stages.serving.code }),
       ],
     ),
 
@@ -80,11 +80,11 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       fires=$.kvPressureAlerts,
       stages={ 'ml/chat': 'engine_queueing:kv_cache' },
       exprs=[
-        t.expr('gpuledger:workload_requests_waiting_by_reason:sum', {
-          'gpuledger:workload_requests_waiting_by_reason:sum{namespace="ml",reason="capacity",workload="chat"}': 6,
-          'gpuledger:workload_requests_waiting_by_reason:sum{namespace="ml",reason="deferred",workload="chat"}': 0,
+        t.expr('namespace_workload_reason:gpuledger_engine_requests_waiting_by_reason:sum', {
+          'namespace_workload_reason:gpuledger_engine_requests_waiting_by_reason:sum{namespace="ml",reason="capacity",workload="chat"}': 6,
+          'namespace_workload_reason:gpuledger_engine_requests_waiting_by_reason:sum{namespace="ml",reason="deferred",workload="chat"}': 0,
         }),
-        t.expr('gpuledger:workload_engines_with_headroom:count', { 'gpuledger:workload_engines_with_headroom:count{namespace="ml",workload="chat"}': 0 }),
+        t.expr('namespace_workload:gpuledger_engine_headroom:sum', { 'namespace_workload:gpuledger_engine_headroom:sum{namespace="ml",workload="chat"}': 0 }),
       ],
     ),
 
@@ -94,8 +94,8 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       fires=$.maxNumSeqsAlerts,
       stages={ 'ml/chat': 'engine_queueing:max_num_seqs' },
       exprs=[
-        t.expr('gpuledger:engine_at_max_num_seqs:max', {
-          ['gpuledger:engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="%s",pod_uid="uid-%s",workload="chat"}' % [p, p]]: 1
+        t.expr('node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max', {
+          ['node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="%s",pod_uid="uid-%s",workload="chat"}' % [p, p]]: 1
           for p in ['chat-a', 'chat-b']
         }),
       ],
@@ -116,8 +116,8 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       f.engine('chat-a', waiting=4, running=8, kv=0.4, maxNumSeqs=8, deferred=4, gpus=['GPU-a']),
       stages={ 'ml/chat': 'engine_queueing:deferred' },
       exprs=[
-        t.expr('gpuledger:engine_queue_reason_rank:max', {
-          'gpuledger:engine_queue_reason_rank:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",workload="chat"}': 3,
+        t.expr('node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max', {
+          'node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",workload="chat"}': 3,
         }),
       ],
     ),
@@ -128,11 +128,11 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       fires=$.stickyRoutingAlerts,
       stages={ 'ml/chat': 'routing:imbalance' },
       exprs=[
-        t.expr('gpuledger:workload_engines_queueing:count', { 'gpuledger:workload_engines_queueing:count{namespace="ml",workload="chat"}': 1 }),
-        t.expr('gpuledger:workload_engines_with_headroom:count', { 'gpuledger:workload_engines_with_headroom:count{namespace="ml",workload="chat"}': 1 }),
-        t.expr('gpuledger:workload_routing_imbalance:count', { 'gpuledger:workload_routing_imbalance:count{namespace="ml",workload="chat"}': 1 }),
-        t.expr('gpuledger:engine_at_max_num_seqs:max{pod="chat-a"}', {
-          'gpuledger:engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",workload="chat"}': 1,
+        t.expr('namespace_workload:gpuledger_engine_queueing:sum', { 'namespace_workload:gpuledger_engine_queueing:sum{namespace="ml",workload="chat"}': 1 }),
+        t.expr('namespace_workload:gpuledger_engine_headroom:sum', { 'namespace_workload:gpuledger_engine_headroom:sum{namespace="ml",workload="chat"}': 1 }),
+        t.expr('namespace_workload:gpuledger_routing_imbalance:sum', { 'namespace_workload:gpuledger_routing_imbalance:sum{namespace="ml",workload="chat"}': 1 }),
+        t.expr('node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max{pod="chat-a"}', {
+          'node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",workload="chat"}': 1,
         }),
       ],
     ),
@@ -145,7 +145,7 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       fires=[maxNumSeqsAlert('chat-a', 3)],
       stages={ 'ml/chat': 'engine_queueing:max_num_seqs' },
       exprs=[
-        t.expr('gpuledger:workload_routing_imbalance:count', { 'gpuledger:workload_routing_imbalance:count{namespace="ml",workload="chat"}': 0 }),
+        t.expr('namespace_workload:gpuledger_routing_imbalance:sum', { 'namespace_workload:gpuledger_routing_imbalance:sum{namespace="ml",workload="chat"}': 0 }),
       ],
     ),
 

@@ -87,9 +87,9 @@ t.file([
       t.alert('GpuLedgerRayGpusExceedAllocation', rayKey('ray-llm-worker-b', 'node-b'), doubleBookingDescription('ray-llm-worker-b', 'node-b', 2, 0)),
     ],
     exprs=[
-      t.expr('gpuledger:pod_gpus_allocated:count', {
-        'gpuledger:pod_gpus_allocated:count{namespace="ray",node="gpu-node-1",pod="ray-llm-worker-a",pod_uid="uid-ray-llm-worker-a"}': 2,
-        'gpuledger:pod_gpus_allocated:count{namespace="ray",node="gpu-node-1",pod="ray-llm-worker-c",pod_uid="uid-ray-llm-worker-c"}': 2,
+      t.expr('node_namespace_pod:gpuledger_gpu_allocation_info:count', {
+        'node_namespace_pod:gpuledger_gpu_allocation_info:count{namespace="ray",node="gpu-node-1",pod="ray-llm-worker-a",pod_uid="uid-ray-llm-worker-a"}': 2,
+        'node_namespace_pod:gpuledger_gpu_allocation_info:count{namespace="ray",node="gpu-node-1",pod="ray-llm-worker-c",pod_uid="uid-ray-llm-worker-c"}': 2,
       }),
     ],
   ),

@@ -108,11 +108,11 @@ local duration(minute) = std.toString(minute) + 'm';
              : 'scenario %s: %s: %s is no reason of stage %s' % [name, key, parts[1], parts[0]];
       if std.length(parts) == 2 then { reason: parts[1] } else {};
     local stageSample(key) = {
-      labels: 'gpuledger:workload_stage:onehot{' + labelString(workloadLabels(key) + { stage: stageOf(key) }) + '}',
+      labels: 'namespace_workload_stage:gpuledger_stage_code:onehot{' + labelString(workloadLabels(key) + { stage: stageOf(key) }) + '}',
       value: 1,
     };
     local reasonSample(key) = {
-      labels: 'gpuledger:workload_stage_reason:group{' + labelString(workloadLabels(key) + { stage: stageOf(key) } + reasonLabel(key)) + '}',
+      labels: 'namespace_workload_stage_reason:gpuledger_stage_reason_code:group{' + labelString(workloadLabels(key) + { stage: stageOf(key) } + reasonLabel(key)) + '}',
       value: 1,
     };
     {
@@ -124,21 +124,21 @@ local duration(minute) = std.toString(minute) + 'm';
         + check(horizon, true),
       promql_expr_test: [
         {
-          expr: 'gpuledger:workload_stage:onehot == 1',
+          expr: 'namespace_workload_stage:gpuledger_stage_code:onehot == 1',
           eval_time: duration(horizon),
           exp_samples: [stageSample(k) for k in std.objectFields(stages)],
         },
         {
-          expr: 'gpuledger:workload_stage_reason:group',
+          expr: 'namespace_workload_stage_reason:gpuledger_stage_reason_code:group',
           eval_time: duration(horizon),
           exp_samples: [reasonSample(k) for k in std.objectFields(stages)],
         },
         // Exactly one stage is 1 for every workload, and one series per stage exists.
         {
           expr: |||
-            sum by (namespace, workload) (gpuledger:workload_stage:onehot) != 1
+            sum by (namespace, workload) (namespace_workload_stage:gpuledger_stage_code:onehot) != 1
             or
-            count by (namespace, workload) (gpuledger:workload_stage:onehot) != %d
+            count by (namespace, workload) (namespace_workload_stage:gpuledger_stage_code:onehot) != %d
           ||| % std.length(mixin._stages.stages),
           eval_time: duration(horizon),
           exp_samples: [],

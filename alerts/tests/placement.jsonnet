@@ -23,11 +23,11 @@ t.file([
     ],
     stages={ 'ml/chat': 'pending_placement:insufficient_gpu' },
     exprs=[
-      t.expr('gpuledger:workload_pods_pending_placement:sum', {
-        'gpuledger:workload_pods_pending_placement:sum{namespace="ml",reason="insufficient_gpu",workload="chat"}': 2,
+      t.expr('namespace_workload_reason:gpuledger_pod_pending_placement:sum', {
+        'namespace_workload_reason:gpuledger_pod_pending_placement:sum{namespace="ml",reason="insufficient_gpu",workload="chat"}': 2,
       }),
-      t.expr('gpuledger:workload_gpus_pending_placement:sum', {
-        'gpuledger:workload_gpus_pending_placement:sum{namespace="ml",workload="chat"}': 3,
+      t.expr('namespace_workload:gpuledger_pod_pending_gpus:sum', {
+        'namespace_workload:gpuledger_pod_pending_gpus:sum{namespace="ml",workload="chat"}': 3,
       }),
     ],
   ),
@@ -75,7 +75,7 @@ t.file([
     ],
     stages={ 'ray/ray-llm': 'pending_placement:ray_infeasible' },
     exprs=[
-      t.expr('gpuledger:workloads:group', { 'gpuledger:workloads:group{namespace="ray",workload="ray-llm"}': 1 }),
+      t.expr('namespace_workload:gpuledger_workloads:group', { 'namespace_workload:gpuledger_workloads:group{namespace="ray",workload="ray-llm"}': 1 }),
     ],
   ),
 
@@ -94,9 +94,9 @@ t.file([
     ],
     stages={ 'ray/ray-llm': 'pending_placement:ray_no_resources' },
     exprs=[
-      t.expr('gpuledger:workload_ray_gpus_pending:sum', {
-        'gpuledger:workload_ray_gpus_pending:sum{kind="actor",namespace="ray",workload="ray-llm"}': 1,
-        'gpuledger:workload_ray_gpus_pending:sum{kind="placement_group",namespace="ray",workload="ray-llm"}': 8,
+      t.expr('namespace_workload_kind:gpuledger_ray_pending_gpus:sum', {
+        'namespace_workload_kind:gpuledger_ray_pending_gpus:sum{kind="actor",namespace="ray",workload="ray-llm"}': 1,
+        'namespace_workload_kind:gpuledger_ray_pending_gpus:sum{kind="placement_group",namespace="ray",workload="ray-llm"}': 8,
       }),
     ],
   ),

@@ -31,8 +31,8 @@ t.file([
     fires=[startingAlert('summarize')],
     stages={ 'ml/summarize': 'starting:engine_not_up' },
     exprs=[
-      t.expr('gpuledger:workload_engines_up:sum', { 'gpuledger:workload_engines_up:sum{namespace="ml",workload="summarize"}': 1 }),
-      t.expr('gpuledger:workload_engines_expected:count', { 'gpuledger:workload_engines_expected:count{namespace="ml",workload="summarize"}': 2 }),
+      t.expr('namespace_workload:gpuledger_engine_up:sum', { 'namespace_workload:gpuledger_engine_up:sum{namespace="ml",workload="summarize"}': 1 }),
+      t.expr('namespace_workload:gpuledger_engine_up:count', { 'namespace_workload:gpuledger_engine_up:count{namespace="ml",workload="summarize"}': 2 }),
     ],
   ),
 ])

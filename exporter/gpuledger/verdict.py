@@ -4,8 +4,8 @@ The stages, their precedence, each stage's reasons (strongest first) and the thr
 defined once, in stages.json next to this module; the mixin's recording rules
 (alerts/rules.libsonnet) are rendered from the same file. A workload is in the first stage
 whose condition holds, and gets the strongest reason that holds: each condition below is
-the one the recording rule `gpuledger:workload_stage_reason_code:max` computes, so explain,
-the /ledger page and Prometheus agree (tests/mixin/test_stage_differential.py runs both on
+the one the recording rule `namespace_workload:gpuledger_stage_reason_code:max` computes, so
+explain, the /ledger page and Prometheus agree (tests/mixin/test_stage_differential.py runs both on
 the same snapshots).
 """
 
@@ -141,19 +141,21 @@ def _max_num_seqs(engine: Doc) -> int | None:
 
 
 def at_max_num_seqs(engine: Doc) -> bool:
-    """gpuledger:engine_at_max_num_seqs:max: False where --max-num-seqs is not set."""
+    """node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max: False where
+    --max-num-seqs is not set."""
     limit = _max_num_seqs(engine)
     return limit is not None and _running(engine) >= limit
 
 
 def queueing(engine: Doc, t: Thresholds) -> bool:
-    """gpuledger:engine_queueing:max: an engine that is up has enough requests waiting."""
+    """node_namespace_workload_pod_engine:gpuledger_engine_queueing:max: an engine that is up
+    has enough requests waiting."""
     return bool(engine.get("up")) and _waiting(engine) >= t.queueing_min_waiting
 
 
 def has_headroom(engine: Doc, t: Thresholds) -> bool:
-    """gpuledger:engine_headroom:max: up, not queueing, KV cache below the headroom ratio,
-    below max_num_seqs."""
+    """node_namespace_workload_pod_engine:gpuledger_engine_headroom:max: up, not queueing, KV
+    cache below the headroom ratio, below max_num_seqs."""
     kv = _kv(engine)
     return (
         bool(engine.get("up"))
@@ -181,7 +183,8 @@ def _bound_by_max_num_seqs(engine: Doc, t: Thresholds) -> bool:
 
 
 # Why a queueing engine queues, per reason of the engine_queueing stage (their order is in
-# stages.json): the conditions of gpuledger:engine_queue_reason_rank:max.
+# stages.json): the conditions of
+# node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max.
 ENGINE_QUEUE_REASONS: dict[str, Callable[[Doc, Thresholds], bool]] = {
     "kv_cache": _kv_pressure,
     "deferred": lambda e, _t: _deferred(e),
@@ -214,7 +217,8 @@ def engine_queue_reason(engine: Doc, t: Thresholds) -> tuple[str, str]:
 
 def ray_pending_reason(placement_groups: Iterable[Doc]) -> str:
     """Ray work that cannot be placed: `ray_infeasible` while a PENDING placement group is
-    INFEASIBLE (gpuledger:workload_ray_placement_groups_pending:sum), else ray_no_resources."""
+    INFEASIBLE (namespace_workload_scheduling_state:gpuledger_ray_placement_groups_pending:sum),
+    else ray_no_resources."""
     infeasible = any(
         g.get("state") == "PENDING" and g.get("scheduling_state") == "INFEASIBLE" and g["count"]
         for g in placement_groups
@@ -290,8 +294,8 @@ def _engine_queueing(f: _Facts) -> Verdict | None:
 
 
 def _serving(f: _Facts) -> Verdict | None:
-    # Summed over every engine, as gpuledger:workload_requests_running:sum does; an engine
-    # that is down already makes the workload `starting`.
+    # Summed over every engine, as namespace_workload:gpuledger_engine_requests_running:sum
+    # does; an engine that is down already makes the workload `starting`.
     running = sum(_running(e) for e in f.engines)
     if running <= 0:
         return None

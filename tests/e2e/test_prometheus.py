@@ -58,6 +58,8 @@ NODE_SCENARIO = SCENARIOS / "e2e-node.yaml"
 CLUSTER_SCENARIO = SCENARIOS / "e2e-cluster.yaml"
 PHASES_SCENARIO = SCENARIOS / "e2e-phases.yaml"
 DASHBOARDS = REPO / "dashboards"
+# The stage of every workload, one series per stage (alerts/rules.libsonnet).
+STAGE_SERIES = "namespace_workload_stage:gpuledger_stage_code:onehot"
 PROMQL_GUIDE = REPO / "docs" / "promql.md"
 CLUSTER_NAME = "e2e"
 EVOLVING = "e2e-evolving"
@@ -218,7 +220,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # The rules have run on complete data: every workload of the scenarios has a stage.
         prom.wait_for(
             "a stage for every workload",
-            lambda: len(prom.query("gpuledger:workload_stage:onehot == 1")) >= len(STAGES),
+            lambda: len(prom.query(f"{STAGE_SERIES} == 1")) >= len(STAGES),
             timeout=60,
         )
         yield Stack(prom, started_wall, selector)
@@ -300,14 +302,14 @@ def test_each_situation_fires_exactly_its_alert(stack: Stack) -> None:
 def test_each_workload_is_in_its_stage(stack: Stack) -> None:
     found = {
         (s["metric"]["namespace"], s["metric"]["workload"]): s["metric"]["stage"]
-        for s in stack.prom.query("gpuledger:workload_stage:onehot == 1")
+        for s in stack.prom.query(f"{STAGE_SERIES} == 1")
         if s["metric"]["namespace"] != EVOLVING
     }
     assert found == STAGES
     # Exactly one stage per workload, one series per stage (exporter/gpuledger/stages.json).
     counts = stack.prom.query(
-        "count by (namespace, workload) (gpuledger:workload_stage:onehot) != 7"
-        " or sum by (namespace, workload) (gpuledger:workload_stage:onehot) != 1"
+        f"count by (namespace, workload) ({STAGE_SERIES}) != 7"
+        f" or sum by (namespace, workload) ({STAGE_SERIES}) != 1"
     )
     assert counts == []
 
@@ -438,7 +440,7 @@ def test_alert_appears_and_clears_as_the_scenario_moves_through_phases(stack: St
     phases = load_scenario(PHASES_SCENARIO).phases
     assert len(phases) == len(EVOLUTION) - 1
     last_phase = max(p.after_seconds for p in phases)
-    stage_expr = f'gpuledger:workload_stage:onehot{{namespace="{EVOLVING}"}} == 1'
+    stage_expr = f'{STAGE_SERIES}{{namespace="{EVOLVING}"}} == 1'
     alerts_expr = f'ALERTS{{alertstate="firing", namespace="{EVOLVING}"}}'
     want_stages = [frozenset({stage}) for stage, _ in EVOLUTION]
     want_alerts = [frozenset(names) for _, names in EVOLUTION]

@@ -3,9 +3,10 @@ ledger document) and by the mixin's recording rules (on the exposition, in promt
 
 A snapshot is one collection cycle of the real pipeline against a simulated node: its
 `/ledger.json` document and its `/metrics` exposition come from the same `Published`
-state. Python's verdicts become the expected `gpuledger:workload_stage_reason:group`
-series; promtool evaluates the rules on the exposition and compares. Any workload whose
-stage or reason differs, or that only one side knows, is a mismatch.
+state. Python's verdicts become the expected
+`namespace_workload_stage_reason:gpuledger_stage_reason_code:group` series; promtool
+evaluates the rules on the exposition and compares. Any workload whose stage or reason
+differs, or that only one side knows, is a mismatch.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from gpuledger.verdict import Thresholds
 from tests.conftest import Run
 from tests.mixin.helpers import run, tool
 
-REASON_SERIES = "gpuledger:workload_stage_reason:group"
+REASON_SERIES = "namespace_workload_stage_reason:gpuledger_stage_reason_code:group"
 EVAL = "2m"  # one evaluation after the first: every rule of the group has seen its inputs
 
 Key = tuple[str, str]  # (namespace, workload)

@@ -52,7 +52,7 @@ def _series(exposition: str, job: str, instance: str) -> list[dict[str, str]]:
 
 def _stage_series(namespace: str, workload: str, stage: str) -> str:
     labels = f'namespace="{_escape(namespace)}",stage="{stage}",workload="{_escape(workload)}"'
-    return f"gpuledger:workload_stage:onehot{{{labels}}}"
+    return f"namespace_workload_stage:gpuledger_stage_code:onehot{{{labels}}}"
 
 
 def _check(
@@ -68,7 +68,7 @@ def _check(
             ],
         },
         {
-            "expr": "gpuledger:workload_stage:onehot == 1",
+            "expr": "namespace_workload_stage:gpuledger_stage_code:onehot == 1",
             "eval_time": HORIZON,
             "exp_samples": [
                 {"labels": _stage_series(ns, wl, stage), "value": 1}

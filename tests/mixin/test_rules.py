@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -46,26 +47,81 @@ def test_promtool_test_rules() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# `level:metric:operations` (docs/mixin.md, "Recording rule names"): the labels kept, a
+# gpuledger_* metric, the aggregation.
+_LEVELS = (
+    "namespace_workload",
+    "namespace_workload_reason",
+    "namespace_workload_kind",
+    "namespace_workload_scheduling_state",
+    "namespace_workload_stage",
+    "namespace_workload_stage_reason",
+    "node_namespace_workload_pod_engine",
+    "node_namespace_pod",
+)
+_OPERATIONS = ("sum", "max", "count", "group", "rate5m", "onehot")
+
+
+def _by_record(name: str) -> list[dict]:
+    return [r for r in recordings() if r["record"] == name]
+
+
+def _output_labels(expr: str, labels: dict[str, str]) -> set[str]:
+    """The labels an expression's result keeps: those of its outermost `by (...)`, or of
+    the recording rule it reads; plus the rule's own labels."""
+    match = re.match(r"\s*[a-z]+ by \(([^)]*)\)", expr)
+    if match:
+        kept = {label.strip() for label in match.group(1).split(",")}
+    else:
+        source = re.match(r"[\s(]*(?:floor\()?([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)", expr)
+        assert source, expr
+        first = _by_record(source.group(1))[0]
+        kept = _output_labels(first["expr"], first.get("labels", {}))
+    return kept | set(labels)
+
+
 def test_recording_rule_names() -> None:
     names = recording_names()
     assert names
     for name in names:
-        assert re.fullmatch(r"gpuledger:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*", name), name
+        assert re.fullmatch(r"[a-z][a-z_]*:gpuledger_[a-z0-9_]+:[a-z0-9_]+", name), name
+        level, _metric, operation = name.split(":")
+        assert level in _LEVELS, name
+        assert operation in _OPERATIONS, name
+
+
+def test_recording_rule_levels_name_the_labels_they_keep() -> None:
+    """The level lists the labels the result keeps, `cluster` left implicit, and the
+    engine's and pod's `pod_uid` and `model_name` riding along."""
+    hierarchy = ("node", "namespace", "workload", "pod", "engine")
+    riding = {config()["clusterLabel"], "pod_uid", "model_name"}
+    for name in recording_names():
+        level = name.split(":")[0]
+        # Every rule recording the name (one per stage, say): the labels of any of them.
+        kept = set().union(
+            *(_output_labels(r["expr"], r.get("labels", {})) for r in _by_record(name))
+        )
+        kept -= riding
+        prefix = "_".join(w for w in hierarchy if w in kept)
+        extras = sorted(kept - set(hierarchy))
+        assert any(
+            level == "_".join([prefix, *order]) for order in itertools.permutations(extras)
+        ), f"{name}: keeps {sorted(kept)}"
 
 
 def test_workload_recording_rules_required_by_the_issue() -> None:
     required = {
-        "gpuledger:workload_pods_pending_placement:sum",
-        "gpuledger:workload_ray_gpus_pending:sum",
-        "gpuledger:workload_engines_up:sum",
-        "gpuledger:workload_engines_expected:count",
-        "gpuledger:workload_requests_waiting:sum",
-        "gpuledger:workload_requests_running:sum",
-        "gpuledger:workload_kv_cache_usage:max",
-        "gpuledger:workload_preemptions:rate5m",
-        "gpuledger:workload_stage:onehot",
-        "gpuledger:workload_stage_reason:group",
-        "gpuledger:workload_routing_imbalance:count",
+        "namespace_workload_reason:gpuledger_pod_pending_placement:sum",
+        "namespace_workload_kind:gpuledger_ray_pending_gpus:sum",
+        "namespace_workload:gpuledger_engine_up:sum",
+        "namespace_workload:gpuledger_engine_up:count",
+        "namespace_workload:gpuledger_engine_requests_waiting:sum",
+        "namespace_workload:gpuledger_engine_requests_running:sum",
+        "namespace_workload:gpuledger_engine_kv_cache_usage_ratio:max",
+        "namespace_workload:gpuledger_engine_preemptions:rate5m",
+        "namespace_workload_stage:gpuledger_stage_code:onehot",
+        "namespace_workload_stage_reason:gpuledger_stage_reason_code:group",
+        "namespace_workload:gpuledger_routing_imbalance:sum",
     }
     assert required <= recording_names()
 
@@ -74,7 +130,7 @@ def test_stage_series_cover_every_stage_once() -> None:
     stages = [
         r["labels"]["stage"]
         for r in recordings()
-        if r["record"] == "gpuledger:workload_stage:onehot"
+        if r["record"] == "namespace_workload_stage:gpuledger_stage_code:onehot"
     ]
     assert stages == [
         "pending_placement",
@@ -91,13 +147,7 @@ def test_recording_rules_are_documented_in_metrics_md() -> None:
     text = (REPO / "docs" / "metrics.md").read_text()
     assert "\n## Recording rules\n" in text
     section = text.split("\n## Recording rules\n", 1)[1]
-    missing = [
-        n
-        for n in recording_names()
-        if n not in section and n.replace("_running", "") not in section
-    ]
-    # `…_running:sum` shares a row with `…_waiting:sum`.
-    missing = [n for n in missing if n != "gpuledger:workload_requests_running:sum"]
+    missing = [n for n in recording_names() if f"`{n}`" not in section]
     assert not missing, f"recording rules missing from docs/metrics.md: {missing}"
 
 
@@ -123,9 +173,10 @@ def test_rule_expressions_name_only_known_metrics(name: str, expr: str) -> None:
 def test_raw_series_use_the_configured_selector() -> None:
     selector = config()["gpuledgerSelector"]
     for name, expr in _all_expressions():
-        for metric in re.findall(r"\b(gpuledger_[a-z0-9_]+|up)\{([^}]*)\}", expr):
+        for metric in re.findall(r"(?<![\w:])(gpuledger_[a-z0-9_]+|up)\{([^}]*)\}", expr):
             assert selector in metric[1], f"{name}: {metric[0]} without {selector}"
-        bare = re.findall(r"\b(gpuledger_[a-z0-9_]+|up)\b(?!\{)", expr)
+        # (a recording rule's name has a gpuledger_* metric between colons)
+        bare = re.findall(r"(?<![\w:])(gpuledger_[a-z0-9_]+|up)\b(?![{:])", expr)
         assert not bare, f"{name}: raw series without a selector: {bare}"
 
 

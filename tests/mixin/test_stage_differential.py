@@ -177,15 +177,19 @@ def test_stage_codes_out_of_precedence_order_do_not_render() -> None:
 
 
 def test_python_and_the_rendered_rules_name_the_same_stages_and_reasons() -> None:
-    onehot = [r for r in recordings() if r["record"] == "gpuledger:workload_stage:onehot"]
+    onehot = [
+        r
+        for r in recordings()
+        if r["record"] == "namespace_workload_stage:gpuledger_stage_code:onehot"
+    ]
     assert [r["labels"]["stage"] for r in onehot] == [s.stage for s in STAGES]
     assert [r["expr"].strip() for r in onehot] == [
-        f"gpuledger:workload_stage_code:max == bool {s.code}" for s in STAGES
+        f"namespace_workload:gpuledger_stage_code:max == bool {s.code}" for s in STAGES
     ]
     pairs = [
         (r["labels"]["stage"], r["labels"].get("reason"))
         for r in recordings()
-        if r["record"] == "gpuledger:workload_stage_reason:group"
+        if r["record"] == "namespace_workload_stage_reason:gpuledger_stage_reason_code:group"
     ]
     assert pairs == [(s.stage, r) for s in STAGES for r in (s.reasons or [None])]
 
