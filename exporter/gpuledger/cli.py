@@ -14,12 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import urlsplit
 
-from gpuledger import __version__
+from gpuledger import __version__, cluster_page
 from gpuledger.explain import ExplainError, explain, fetch_document, render_text
 from gpuledger.logs import setup_logging
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter, parse_listen, serve
+from gpuledger.server import Exporter, LedgerPage, node_ledger_page, parse_listen, serve
 
 # The simulator (and PyYAML, and the fake NVML's C build) is imported only inside the
 # commands that use it: `gpuledger serve` never loads gpuledger.sim
@@ -276,6 +277,17 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     )
     _flag(
         p,
+        "--agent-url",
+        "cluster mode: a node agent's base URL for the cluster page, repeatable, e.g. "
+        "http://10.0.3.7:9402; with the Kubernetes API the agents are also found by the "
+        "chart's labels (the variable: comma-separated)",
+        env="AGENT_URLS",
+        action="append",
+        default=None,
+        metavar="URL",
+    )
+    _flag(
+        p,
         "--node-name",
         "value of the node label",
         env="NODE_NAME",
@@ -431,12 +443,18 @@ def run_exporter(
     banner: str | None = None,
     on_tick: PhaseClock | None = None,
 ) -> int:
+    ledger_page: LedgerPage = node_ledger_page
+    if config.mode == "cluster":
+        cluster = cluster_ledger_page(config, args)
+        if cluster is None:
+            return EXIT_USAGE
+        ledger_page = cluster
     pipeline = Pipeline(config)
     exporter = Exporter(
         pipeline.cycle, args.interval, lambda: pipeline.warm_up(config.source_deadline_seconds)
     )
     try:
-        httpd = serve(exporter, args.listen, config.node, config.mode)
+        httpd = serve(exporter, args.listen, config.node, config.mode, ledger_page=ledger_page)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         print(f"gpuledger: error: cannot listen on {args.listen}: {reason}", file=sys.stderr)
@@ -457,6 +475,26 @@ def run_exporter(
     exporter.stop()
     pipeline.close()
     return 0
+
+
+def cluster_ledger_page(config: PipelineConfig, args: argparse.Namespace) -> LedgerPage | None:
+    """The cluster view's /ledger: the agents of --agent-url, and those the Kubernetes API
+    lists when it is on. None (after saying why) for a bad --agent-url."""
+    urls = _list(getattr(args, "agent_url", None), "AGENT_URLS")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            print(
+                f"gpuledger: error: --agent-url {url!r}: expected http(s)://HOST:PORT",
+                file=sys.stderr,
+            )
+            return None
+    return cluster_page.for_cluster_view(
+        urls,
+        kubernetes=config.kubernetes,
+        kubeconfig=config.kubeconfig,
+        deadline_seconds=config.source_deadline_seconds,
+    )
 
 
 def run_simulation(scenario: Scenario, args: argparse.Namespace, banner: str | None) -> int:

@@ -18,7 +18,7 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
@@ -133,6 +133,14 @@ class Exporter:
         return snapshot_part + gzip.compress(age, 6), content_type
 
 
+# /ledger: (status, HTML) from the snapshot's document and the request's query string.
+LedgerPage = Callable[[Mapping[str, Any], str], tuple[int, str]]
+
+
+def node_ledger_page(doc: Mapping[str, Any], _query: str) -> tuple[int, str]:
+    return HTTPStatus.OK, render_page(doc)
+
+
 LANDING = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuledger</title></head>
 <body><h1>gpuledger {version}</h1>
@@ -147,7 +155,13 @@ LANDING = """<!doctype html>
 """
 
 
-def make_handler(exporter: Exporter, node: str, mode: str) -> type[BaseHTTPRequestHandler]:
+def make_handler(
+    exporter: Exporter,
+    node: str,
+    mode: str,
+    *,
+    ledger_page: LedgerPage = node_ledger_page,
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = f"gpuledger/{__version__}"
         timeout = 10  # writing the answer to a client that stopped reading
@@ -164,7 +178,7 @@ def make_handler(exporter: Exporter, node: str, mode: str) -> type[BaseHTTPReque
             self._route()
 
         def _route(self) -> None:
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             if path == "/metrics":
                 gzipped = _wants_gzip(self.headers.get("Accept-Encoding"))
                 body, content_type = exporter.render(self.headers.get("Accept"), gzipped)
@@ -192,8 +206,8 @@ def make_handler(exporter: Exporter, node: str, mode: str) -> type[BaseHTTPReque
                     body = json.dumps(ledger_document(published), indent=1).encode()
                     self._send(HTTPStatus.OK, body, "application/json")
                 else:
-                    html_page = render_page(ledger_document(published)).encode()
-                    self._send(HTTPStatus.OK, html_page, "text/html; charset=utf-8")
+                    status, page = ledger_page(ledger_document(published), query)
+                    self._send(HTTPStatus(status), page.encode(), "text/html; charset=utf-8")
             elif path == "/":
                 page = LANDING.format(
                     version=html.escape(__version__),
@@ -398,8 +412,18 @@ class GatedHTTPServer(HTTPServer):
         super().server_close()
 
 
-def serve(exporter: Exporter, listen: str, node: str, mode: str) -> GatedHTTPServer:
+def serve(
+    exporter: Exporter,
+    listen: str,
+    node: str,
+    mode: str,
+    *,
+    ledger_page: LedgerPage = node_ledger_page,
+) -> GatedHTTPServer:
+    """`ledger_page` renders /ledger: this node's page, or the cluster view's (cluster_page)."""
     host, port = parse_listen(listen)
     return GatedHTTPServer(
-        (host, port), make_handler(exporter, node, mode), lambda: exporter.alive
+        (host, port),
+        make_handler(exporter, node, mode, ledger_page=ledger_page),
+        lambda: exporter.alive,
     )

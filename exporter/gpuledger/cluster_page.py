@@ -1,0 +1,607 @@
+"""The cluster view's /ledger page: every workload's stage across the cluster.
+
+The cluster view knows only what is not placed (pending pods, Ray's placement groups); where
+a placed workload waits is in the node agents' documents. So the page reads every node
+agent's /ledger.json (through `agents.py`: concurrency-limited, each read under the
+HttpClient's one deadline), keeps each read for a few seconds, and joins them with its own
+document through explain's `Fleet` and `verdicts`: the same function, on the same
+documents, that `gpuledger explain --from …` uses. `/ledger?workload=NS/NAME` shows that
+workload's chain across its nodes.
+
+An agent that cannot be read is named on the page, never a reason to fail it; every value
+is escaped (pod, label, model and node names are anyone's to choose).
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from gpuledger import agents
+from gpuledger.agents import (
+    SERVICE_ACCOUNT_DIR,
+    Agent,
+    ClusterError,
+    FetchResult,
+    fetch_documents,
+    find_agents,
+)
+from gpuledger.explain import STAGE_TEXT, Fleet, Workload, explain_workload, verdicts
+from gpuledger.page import STYLE
+from gpuledger.verdict import STAGE, Thresholds, Verdict
+
+log = logging.getLogger(__name__)
+
+Doc = Mapping[str, Any]
+# A read is reused this long: a page reloaded, or a workload opened from the list, costs
+# the agents nothing, and what the page shows is at most this much older than a read.
+CACHE_SECONDS = 10.0
+CONCURRENCY = 16  # agents read at once, per page load
+MAX_AGENTS = 2000  # agents read (and documents held) at most: the cache's bound
+
+# The cluster page's additions to the node page's style.
+CLUSTER_STYLE = """
+a{color:#175cd3} .chain td{font-size:13px} ul{margin:.2em 0 .6em} .node{white-space:nowrap}
+"""
+
+
+@dataclass(frozen=True)
+class AgentRead:
+    """One node agent as the page last read it: its document, or why it could not be."""
+
+    node: str | None  # the node it runs on, when known before reading it
+    pod: str  # NAMESPACE/NAME of a discovered agent; "" for an --agent-url
+    url: str  # where it is read (scheme, host, port: no credentials)
+    document: Doc | None
+    error: str | None  # one safe line; None when `document` is set
+    read_at: float  # wall clock of the read (a reused read is older than the page)
+
+    @property
+    def name(self) -> str:
+        if self.document is not None:
+            return str(self.document.get("node") or self.node or self.url)
+        return self.node or self.url
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one page load knows of the agents, and what kept it from knowing more."""
+
+    reads: Sequence[AgentRead]
+    problems: Sequence[str] = ()
+
+
+Fetch = Callable[[Sequence[Agent]], FetchResult]
+Find = Callable[[], tuple[list[Agent], list[str]]]
+
+
+def static_agents(urls: Iterable[str]) -> list[Agent]:
+    """Agents given by address (--agent-url): base URLs, or their /ledger.json. Their node
+    is known once read; until then the URL stands for it (and is the cache key)."""
+    bases = [u.strip().rstrip("/").removesuffix("/ledger.json") for u in urls]
+    return [Agent(node=b, namespace="", pod="", url=b, role="node") for b in dict.fromkeys(bases)]
+
+
+class AgentReader:
+    """The node agents' documents for the page: found, read `concurrency` at a time within
+    one deadline (agents.fetch_documents), each read, document or failure, reused for
+    `ttl_seconds`. One refresh at a time: a burst of page loads reads each agent once, and
+    a load never waits longer than one refresh (the deadline, plus finding the agents)."""
+
+    def __init__(
+        self,
+        find: Find,
+        *,
+        deadline_seconds: float,
+        ttl_seconds: float = CACHE_SECONDS,
+        concurrency: int = CONCURRENCY,
+        max_agents: int = MAX_AGENTS,
+        fetch: Fetch | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_seconds = ttl_seconds
+        self._find = find
+        self._max_agents = max_agents
+        self._clock = clock
+        self._fetch: Fetch = fetch or (
+            lambda agents: fetch_documents(
+                agents, deadline_seconds=deadline_seconds, concurrency=concurrency
+            )
+        )
+        self._found: tuple[float, list[Agent], list[str]] | None = None
+        self._cache: OrderedDict[str, tuple[float, AgentRead]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self) -> Reading:
+        with self._lock:
+            agents, problems = self._agents()
+            now = self._clock()
+            stale = [
+                a
+                for a in agents
+                if now - self._cache.get(a.key, (-1e18, None))[0] >= self.ttl_seconds
+            ]
+            if stale:
+                self._store(stale, self._fetch(stale), now)
+            wanted = {a.key for a in agents}
+            for key in [k for k in self._cache if k not in wanted]:
+                del self._cache[key]  # gone from the cluster: bound by the agents found
+            return Reading([self._cache[a.key][1] for a in agents], problems)
+
+    def _agents(self) -> tuple[list[Agent], list[str]]:
+        now = self._clock()
+        if self._found is None or now - self._found[0] >= self.ttl_seconds:
+            agents, problems = self._find()
+            if len(agents) > self._max_agents:
+                problems = [
+                    *problems,
+                    f"{len(agents)} node agents found; the page reads the first "
+                    f"{self._max_agents} by node name",
+                ]
+                agents = sorted(agents, key=lambda a: a.key)[: self._max_agents]
+            self._found = (now, agents, problems)
+        return self._found[1], self._found[2]
+
+    def _store(self, agents: Sequence[Agent], result: FetchResult, now: float) -> None:
+        wall = time.time()
+        for a in agents:
+            error = result.failures.get(a.key)
+            if a.key not in result.documents and error is None:
+                error = "not read"  # fetch_documents answers for every agent; never shown
+            elif error is not None:
+                # fetch_documents starts each line with the pod; the page has a column for it.
+                error = error.removeprefix(f"{a.namespace}/{a.pod}: ")
+            read = AgentRead(
+                node=None if not a.pod else a.node,
+                pod=f"{a.namespace}/{a.pod}" if a.pod else "",
+                url=a.url,
+                document=result.documents.get(a.key),
+                error=error,
+                read_at=wall,
+            )
+            self._cache[a.key] = (now, read)
+            self._cache.move_to_end(a.key)
+
+
+class Discovery:
+    """The agents the page reads: the --agent-url ones, and, with the Kubernetes API, the
+    node agents listed by the chart's labels (agents.find_agents) and read by pod IP. When
+    the API cannot be reached, the agents it listed last are read, and the page says so."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        connect: Callable[[], Any] | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        self._static = static_agents(urls)
+        self._connect = connect
+        self._namespace = namespace
+        self._lister: Any = None
+        self._listed: list[Agent] = []
+
+    def __call__(self) -> tuple[list[Agent], list[str]]:
+        if self._connect is None:
+            return list(self._static), []
+        problems = []
+        try:
+            if self._lister is None:
+                self._lister = self._connect()
+            found = find_agents(self._lister, namespace=self._namespace, nodes=None, via="direct")
+            self._listed = [a for a in found if a.role == "node"]
+        except ClusterError as exc:
+            log.warning("cluster page: cannot list the node agents: %s", exc)
+            problems.append(f"node agents not listed: {exc}")
+        return [*self._static, *self._listed], problems
+
+
+def _e(value: object) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _when(ts: object) -> str:
+    if not isinstance(ts, int | float) or isinstance(ts, bool):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def _lines(values: Iterable[object]) -> str:
+    return "<br>".join(_e(v) for v in values)
+
+
+def _workload_link(namespace: str, name: str) -> str:
+    target = "ledger?workload=" + quote(f"{namespace}/{name}", safe="")
+    return f'<a href="{_e(target)}">{_e(namespace)}/{_e(name)}</a>'
+
+
+def _next_step(text: str, runbook_url: str | None) -> str:
+    link = f' <a class=runbook href="{_e(runbook_url)}">runbook</a>' if runbook_url else ""
+    return f"{_e(text)}{link}"
+
+
+def _stage(v: Verdict) -> str:
+    reason = f" ({_e(v.reason)})" if v.reason else ""
+    return f"{_e(v.stage)}{reason}"
+
+
+def documents(own: Doc, reads: Sequence[AgentRead]) -> list[Doc]:
+    """The cluster view's document, then each node's once (an agent reached by two
+    addresses would count its engines twice)."""
+    docs, seen = [own], {own.get("node")}
+    for read in reads:
+        if read.document is not None and read.document.get("node") not in seen:
+            seen.add(read.document.get("node"))
+            docs.append(read.document)
+    return docs
+
+
+def _engines_summary(engines: Sequence[Doc]) -> str:
+    """Engines up, the requests they hold, the fullest KV cache: one cell, so the table
+    keeps to the width of a screen."""
+    if not engines:
+        return "<span class=muted>none</span>"
+    up = [e for e in engines if e.get("up")]
+    waiting = sum(e.get("requests_waiting") or 0 for e in up)
+    running = sum(e.get("requests_running") or 0 for e in up)
+    kv = [e["kv_cache_usage_ratio"] for e in up if e.get("kv_cache_usage_ratio") is not None]
+    fullest = f"<br>max KV {max(kv) * 100:.0f}%" if kv else ""
+    return f"{len(up)}/{len(engines)} up<br>{waiting:g} waiting, {running:g} running{fullest}"
+
+
+def _workload_row(w: Workload, v: Verdict) -> str:
+    nodes = sorted({str(p.get("node") or "?") for p in w.pods.values()})
+    pods = sorted(p["name"] for p in w.pods.values()) + [p["name"] for p in w.pending]
+    return (
+        "<tr>"
+        f"<td>{_workload_link(w.namespace, w.name)}</td>"
+        f"<td class=node>{_lines(nodes) or '<span class=muted>not placed</span>'}</td>"
+        f"<td>{_lines(pods)}</td>"
+        f"<td class=stage>{_stage(v)}</td>"
+        f"<td>{_engines_summary(w.engines)}</td>"
+        f"<td>{_lines(v.evidence)}</td>"
+        f"<td class=next>{_next_step(v.next_step.text, v.next_step.runbook_url)}</td>"
+        "</tr>"
+    )
+
+
+def _workload_rows(fleet: Fleet, judged: Mapping[tuple[str, str], Verdict]) -> list[str]:
+    # Strongest stage first: what waits longest for someone to act is at the top.
+    order = {s: i for i, s in enumerate(STAGE)}
+    keys = sorted(judged, key=lambda k: (order.get(judged[k].stage, len(order)), k))
+    return [_workload_row(fleet.workloads[k], judged[k]) for k in keys]
+
+
+def _pending_rows(docs: Sequence[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        for p in doc.get("pending", []):
+            rows.append(
+                "<tr>"
+                f"<td>{_e(p['namespace'])}/{_e(p['name'])}</td>"
+                f"<td>{_workload_link(p['namespace'], p['workload'])}</td>"
+                f"<td class=bad>{_e(p.get('reason') or 'other')}</td>"
+                f"<td>{_e(p.get('gpus'))}</td><td>{_when(p.get('since'))}</td>"
+                "</tr>"
+            )
+    return rows
+
+
+def _ray_rows(docs: Sequence[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        cluster = (doc.get("ray") or {}).get("cluster")
+        if not cluster:
+            continue
+        groups = [
+            f"{g['count']} {g['state']}"
+            + (f" ({g['scheduling_state']})" if g.get("scheduling_state") else "")
+            for g in cluster.get("placement_groups", [])
+        ]
+        waiting = [
+            f"{kind.replace('_', ' ')}s: {count:g}"
+            for kind, count in sorted((cluster.get("pending_gpus") or {}).items())
+        ]
+        rows.append(
+            "<tr>"
+            f"<td>{_workload_link(cluster['namespace'], cluster['workload'])}</td>"
+            f"<td>{_e(doc.get('node'))}</td>"
+            f"<td>{_lines(groups) or '<span class=muted>none</span>'}</td>"
+            f"<td>{_lines(waiting)}</td>"
+            "</tr>"
+        )
+    return rows
+
+
+def _agent_row(read: AgentRead, now: float) -> str:
+    doc = read.document
+    if doc is None:
+        state = f'<span class="bad">not read: {_e(read.error)}</span>'
+        snapshot = gpus = pods = ""
+    else:
+        state = '<span class="ok">read</span>'
+        snapshot = _when(doc.get("taken_at"))
+        gpus, pods = str(len(doc.get("gpus", []))), str(len(doc.get("pods", [])))
+    return (
+        "<tr>"
+        f"<td>{_e(read.name)}</td><td>{_e(read.pod)}</td><td><code>{_e(read.url)}</code></td>"
+        f"<td>{state}</td>"
+        f"<td>{snapshot}</td><td>{gpus}</td><td>{pods}</td>"
+        f"<td>{max(0.0, now - read.read_at):.0f} s ago</td>"
+        "</tr>"
+    )
+
+
+def _unread_note(reading: Reading) -> str:
+    unread = [r for r in reading.reads if r.document is None]
+    problems = "".join(f"<p class=bad>{_e(p)}</p>" for p in reading.problems)
+    if not unread:
+        return problems
+    items = "".join(
+        f"<li>{_e(r.name)}{'' if r.name == r.url else f' ({_e(r.url)})'}: {_e(r.error)}</li>"
+        for r in unread
+    )
+    return (
+        f"{problems}<p class=bad>Node agents not read: workloads with pods on these nodes "
+        f'may be missing or judged without them.</p><ul id="unread">{items}</ul>'
+    )
+
+
+def _header(own: Doc, reading: Reading, ttl: float) -> str:
+    reads = reading.reads
+    sources = " ".join(
+        f'<span class="{"ok" if s["up"] else "bad"}">{_e(s["source"])}'
+        f"{'' if s['up'] else ' (' + _e(s['reason']) + ')'}</span>"
+        for s in own.get("sources", [])
+    )
+    read = sum(r.document is not None for r in reads)
+    agents = (
+        f"Node agents: {read} of {len(reads)} read (each read is reused for {ttl:g} s)."
+        if reads
+        else "<span class=bad>No node agents found</span>: give --agent-url, or run in the "
+        "cluster with the chart so the agents are found by their labels."
+    )
+    return (
+        f"<p class=muted>cluster view {_e(own.get('node'))}, snapshot "
+        f"{_e(_when(own.get('taken_at')))}, gpuledger {_e(own.get('version'))}. "
+        f'Sources: {sources}. <a href="ledger.json">ledger.json</a> · '
+        f'<a href="metrics">metrics</a></p><p>{agents}</p>{_unread_note(reading)}'
+    )
+
+
+def _page(title: str, body: str) -> str:
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
+<style>{STYLE}{CLUSTER_STYLE}</style></head><body>
+{body}
+</body></html>
+"""
+
+
+def _table(table_id: str, headings: Sequence[str], rows: Sequence[str], empty: str) -> str:
+    head = "".join(f"<th>{h}</th>" for h in headings)
+    body = "".join(rows) or f"<tr><td colspan={len(headings)} class=muted>{empty}</td></tr>"
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def render_overview(own: Doc, reading: Reading, ttl: float, now: float) -> str:
+    reads = reading.reads
+    docs = documents(own, reads)
+    fleet = Fleet(docs)
+    judged = verdicts(docs)
+    unknowns = "".join(f"<li>{_e(u)}</li>" for u in fleet.unknowns)
+    body = (
+        "<h1>GPU ledger of the cluster</h1>"
+        + _header(own, reading, ttl)
+        + (f"<p class=bad>Not known this cycle:</p><ul>{unknowns}</ul>" if unknowns else "")
+        + "<h2>Workloads</h2>"
+        + _table(
+            "workloads",
+            [
+                "workload",
+                "nodes",
+                "pods",
+                "where requests wait",
+                "engines",
+                "evidence",
+                "what to do next",
+            ],
+            _workload_rows(fleet, judged),
+            "no GPU workloads",
+        )
+        + "<h2>Pods not placed</h2>"
+        + _table(
+            "pending",
+            ["pod", "workload", "reason", "GPUs", "waiting since"],
+            _pending_rows(docs),
+            "every GPU pod is placed",
+        )
+        + "<h2>Ray work not placed</h2>"
+        + _table(
+            "ray",
+            ["workload", "seen by", "placement groups", "GPUs waiting"],
+            _ray_rows(docs),
+            "no Ray cluster configured",
+        )
+        + "<h2>Node agents</h2>"
+        + _table(
+            "agents",
+            ["node", "agent pod", "URL", "state", "snapshot", "GPUs", "GPU pods", "read"],
+            [_agent_row(r, now) for r in sorted(reads, key=lambda r: r.name)],
+            "none",
+        )
+    )
+    return _page("gpuledger ledger: the cluster", body)
+
+
+def _engine_text(e: Doc) -> str:
+    c = e.get("config") or {}
+    status = "up" if e.get("up") else '<span class="bad">not answering</span>'
+    tp, pp = c.get("tensor_parallel_size", "?"), c.get("pipeline_parallel_size", "?")
+    head = (
+        f"{_e(e.get('model_name') or '?')} DP rank {_e(e.get('engine') or '?')} {status}, "
+        f"TP {_e(tp)} x PP {_e(pp)}, max_num_seqs {_e(c.get('max_num_seqs') or '?')}"
+    )
+    if not e.get("up"):
+        return head
+    kv = e.get("kv_cache_usage_ratio")
+    return (
+        f"{head}<br>queue: {e.get('requests_waiting') or 0:g} waiting, "
+        f"{e.get('requests_running') or 0:g} running, KV cache "
+        f"{'?' if kv is None else f'{kv * 100:.0f}%'}"
+    )
+
+
+def _gpus_text(containers: Sequence[Doc]) -> str:
+    lines = []
+    for c in containers:
+        lines.append(f"container {_e(c['container'])}")
+        for d in c["devices"]:
+            index = "?" if d.get("gpu_index") is None else d["gpu_index"]
+            lines.append(
+                f"ordinal {_e(d['local_index'])} → <code>{_e(d['gpu_uuid'])}</code> "
+                f"(host index {_e(index)}, {_e(d['source'])})"
+            )
+        if not c["devices"] and not c["allocations"]:
+            lines.append("<span class=muted>no GPU allocation known</span>")
+    return "<br>".join(lines)
+
+
+def _process_text(p: Doc) -> str:
+    devices = p.get("cuda_devices") or []
+    held = ", ".join(
+        (f"cuda:{devices.index(g['gpu_uuid'])} = " if g["gpu_uuid"] in devices else "")
+        + f"{g['gpu_uuid']} {g['used_bytes'] / 2**30:.1f} GiB"
+        for g in p.get("gpu_memory", [])
+    )
+    return f"{_e(p['pid'])} {_e(p.get('title') or '?')}" + (f" holds {_e(held)}" if held else "")
+
+
+def _chain_rows(result: Mapping[str, Any]) -> list[str]:
+    rows = [
+        "<tr>"
+        f"<td>{_e(p['namespace'])}/{_e(p['name'])}</td><td class=muted>not placed</td>"
+        f"<td class=bad>{_e(p.get('reason') or 'other')} ({_e(p.get('gpus'))} GPU(s) "
+        "requested)</td><td></td><td></td><td></td></tr>"
+        for p in result["pending"]
+    ]
+    for entry in result["pods"]:
+        pod = entry["pod"]
+        ready = (
+            '<span class="ok">Ready</span>'
+            if pod.get("ready")
+            else ('<span class="bad">not Ready</span>')
+        )
+        rows.append(
+            "<tr>"
+            f"<td>{_e(pod['namespace'])}/{_e(pod['name'])}<br>"
+            f"<code>{_e(pod['uid'])}</code></td>"
+            f"<td class=node>{_e(pod.get('node'))}</td>"
+            f"<td>{_e(pod.get('phase'))}, {ready}<br>requests {_e(pod.get('gpu_requests'))} "
+            "GPU(s)</td>"
+            f"<td>{'<br>'.join(_engine_text(e) for e in entry['engines'])}</td>"
+            f"<td>{_gpus_text(entry['containers'])}</td>"
+            f"<td>{'<br>'.join(_process_text(p) for p in entry['processes'])}</td>"
+            "</tr>"
+        )
+    return rows
+
+
+def render_workload(
+    own: Doc, reading: Reading, key: tuple[str, str], ttl: float
+) -> tuple[int, str]:
+    docs = documents(own, reading.reads)
+    fleet = Fleet(docs)
+    name = f"{key[0]}/{key[1]}"
+    back = '<p><a href="ledger">all workloads</a></p>'
+    w = fleet.workloads.get(key)
+    if w is None:
+        body = (
+            f"<h1>Workload {_e(name)}</h1>{back}{_header(own, reading, ttl)}"
+            f"<p class=bad>Workload {_e(name)} is in no ledger read.</p>"
+        )
+        return HTTPStatus.NOT_FOUND, _page(f"gpuledger: {name}", body)
+    result = explain_workload(fleet, w, Thresholds())
+    v = result["verdict"]
+    issues = "".join(f"<li>{_e(d)}</li>" for d in result["discrepancies"])
+    evidence = "".join(f"<li>{_e(x)}</li>" for x in v["evidence"])
+    reason = f" — {_e(v['reason'])}" if v["reason"] else ""
+    body = (
+        f'<h1>Workload <span id="workload">{_e(name)}</span></h1>{back}'
+        + _header(own, reading, ttl)
+        + "<h2>Where requests wait</h2>"
+        + f'<p id="verdict" class=stage>{_e(STAGE_TEXT.get(v["stage"], v["stage"]))}{reason}</p>'
+        + f"<ul>{evidence}</ul>"
+        + f'<p id="next">Next: {_next_step(v["next_step"], v.get("runbook_url"))}</p>'
+        + "<h2>Chain</h2>"
+        + _table(
+            "chain",
+            ["pod", "node", "state", "engines", "container → GPUs", "processes"],
+            _chain_rows(result),
+            "no pods",
+        ).replace("<table ", '<table class="chain" ', 1)
+        + "<h2>Ledger</h2>"
+        + (
+            f'<p class=bad>Disagreements:</p><ul id="disagreements">{issues}</ul>'
+            if issues
+            else "<p class=ok>allocations, processes and engines agree</p>"
+        )
+    )
+    return HTTPStatus.OK, _page(f"gpuledger: {name}", body)
+
+
+def render(
+    own: Doc, reading: Reading, query: str, ttl: float, now: float | None = None
+) -> tuple[int, str]:
+    """(status, HTML) of /ledger: the overview, or `?workload=NS/NAME`'s chain."""
+    asked = parse_qs(query).get("workload", [""])[0]
+    if not asked:
+        wall = time.time() if now is None else now
+        return HTTPStatus.OK, render_overview(own, reading, ttl, wall)
+    namespace, _, name = asked.partition("/")
+    return render_workload(own, reading, (namespace, name), ttl)
+
+
+class ClusterLedgerPage:
+    """/ledger of the cluster view: reads the agents (or reuses a recent read), renders."""
+
+    def __init__(self, reader: AgentReader) -> None:
+        self.reader = reader
+
+    def __call__(self, own: Doc, query: str) -> tuple[int, str]:
+        return render(own, self.reader.read(), query, self.reader.ttl_seconds)
+
+
+def _own_namespace(service_account_dir: str = SERVICE_ACCOUNT_DIR) -> str | None:
+    """In the cluster, the agents are the cluster view's release's: its own namespace.
+    Outside (a kubeconfig), every namespace."""
+    try:
+        return Path(service_account_dir, "namespace").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def for_cluster_view(
+    urls: Sequence[str], *, kubernetes: bool, kubeconfig: str | None, deadline_seconds: float
+) -> ClusterLedgerPage:
+    """The page `serve --mode cluster` serves: agents from `urls`, and from the Kubernetes
+    API when it is on (the cluster view's own credentials; in the cluster its ClusterRole
+    already lists pods everywhere)."""
+    connect = None
+    if kubernetes:
+
+        def connect() -> Any:
+            return agents.connect(
+                kubeconfig=kubeconfig, context=None, deadline_seconds=deadline_seconds
+            )
+
+    find = Discovery(urls, connect, _own_namespace() if kubernetes else None)
+    return ClusterLedgerPage(AgentReader(find, deadline_seconds=deadline_seconds))
