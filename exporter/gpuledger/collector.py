@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from gpuledger import __version__
 from gpuledger.ledger import ContainerRef, Ledger
 from gpuledger.model.kubernetes import PodInfo
+from gpuledger.model import SOURCE_STATES
 
 CONTAINER_LABELS = ["namespace", "pod", "pod_uid", "container", "workload"]
 POD_LABELS = ["namespace", "pod", "pod_uid", "workload"]
@@ -36,6 +37,8 @@ class Published:
     ledger: Ledger
     errors_total: Mapping[tuple[str, str], int] = field(default_factory=dict)
     last_success: Mapping[str, float] = field(default_factory=dict)
+    # From PipelineConfig.simulated: the data comes from gpuledger's simulator.
+    simulated: bool = False
 
 
 def _container_values(ref: ContainerRef) -> list[str]:
@@ -351,9 +354,14 @@ def self_families(published: Published, now: float) -> Iterator[Metric]:
     )
     for source, when in sorted(published.last_success.items()):
         last.add_metric([node, source], when)
-    build = _gauge("gpuledger_build_info", "1; the running gpuledger version.", ["version"])
-    build.add_metric([node, __version__], 1)
-    yield from (up, duration, errors, last, build)
+    build = _gauge(
+        "gpuledger_build_info",
+        "1; the running gpuledger version; simulated is true under gpuledger demo and "
+        "simulate (no real hardware).",
+        ["version", "simulated"],
+    )
+    build.add_metric([node, __version__, "true" if published.simulated else "false"], 1)
+    yield from (up, state, duration, errors, last, build)
 
 
 def age_family(published: Published, now: float) -> Metric:
@@ -388,11 +396,21 @@ class LedgerCollector(Collector):
 
     `part`: "snapshot" (all but the age), "age" (the age alone) or "all".
     """
+    # A state set (kube-state-metrics style): tells a source that is not configured on this
+    # exporter from one that is down, while source_up stays 0 for both as before.
+    state = _gauge(
+        "gpuledger_source_state",
+        "1 for the source's state (up, down, not_configured: this exporter does not read it), "
+        "0 for the others.",
+        ["source", "state"],
+    )
 
     def __init__(
         self, current: Callable[[], tuple[Published | None, float]], part: str = "all"
     ) -> None:
         self._current = current
+        for name in SOURCE_STATES:
+            state.add_metric([node, status.source, name], 1 if status.state == name else 0)
         self._part = part
 
     def families(self) -> Iterator[Metric]:

@@ -157,10 +157,13 @@ def ledger_document(published: Published) -> dict[str, Any]:
         "mode": ledger.mode,
         "taken_at": ledger.taken_at,
         "driver_version": ledger.driver_version,
+        # True under `gpuledger demo` and `simulate`: not real hardware.
+        "simulated": published.simulated,
         "sources": [
             {
                 "source": s.source,
                 "up": s.up,
+                "state": s.state,
                 "reason": s.error_reason,
                 "message": s.error_message,
                 "duration_seconds": s.duration_seconds,

@@ -59,6 +59,15 @@ def fetch_document(url: str, timeout: float = 5.0) -> Doc:
     return doc
 
 
+def source_state(status: Doc) -> str:
+    """up, down or not_configured; a document older than `state` says reason `disabled`."""
+    if "state" in status:
+        return str(status["state"])
+    if status.get("up"):
+        return "up"
+    return "not_configured" if status.get("reason") == "disabled" else "down"
+
+
 @dataclass
 class Workload:
     namespace: str
@@ -79,6 +88,14 @@ class Fleet:
         self.gpus: dict[str, tuple[Doc, Doc]] = {}  # uuid -> (gpu, node doc)
         self.workloads: dict[tuple[str, str], Workload] = {}
         self.unknowns = [f"{d['node']}: {u}" for d in docs for u in d.get("unknowns", [])]
+        # Sources an exporter is not set up to read: said apart from the unknowns (failures).
+        self.not_configured = {
+            d["node"]: [
+                s["source"] for s in d.get("sources", []) if source_state(s) == "not_configured"
+            ]
+            for d in docs
+        }
+        self.simulated = sorted({d["node"] for d in docs if d.get("simulated")})
         clusters: list[Doc] = []
         for doc in docs:
             for gpu in doc.get("gpus", []):
@@ -367,6 +384,8 @@ def explain(
         "query": {k: v for k, v in query.items() if v is not None},
         "workloads": [explain_workload(fleet, w, t or Thresholds()) for w in chosen],
         "unknowns": fleet.unknowns,
+        "not_configured": {n: s for n, s in fleet.not_configured.items() if s},
+        "simulated": fleet.simulated,
     }
     if query.get("gpu"):
         gpu, doc = fleet.find_gpu(str(query["gpu"]))
@@ -419,6 +438,11 @@ def printable(text: str) -> str:
 
 def render_text(result: Mapping[str, Any]) -> str:
     lines: list[str] = []
+    if result.get("simulated"):
+        lines.append(
+            f"SIMULATED: {', '.join(result['simulated'])} served by gpuledger demo or simulate,"
+            " not real hardware"
+        )
     gpu = result.get("gpu")
     if gpu:
         lines.append(
@@ -455,6 +479,8 @@ def render_text(result: Mapping[str, Any]) -> str:
             lines.append("  ledger: allocations, processes and engines agree")
     for unknown in result["unknowns"]:
         lines.append(f"unknown: {unknown}")
+    for node, sources in (result.get("not_configured") or {}).items():
+        lines.append(f"not configured on {node} (not a failure): {', '.join(sources)}")
     return "\n".join(printable(line) for line in lines) + "\n"
 
 

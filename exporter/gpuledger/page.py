@@ -6,10 +6,10 @@ from __future__ import annotations
 import html
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuledger.explain import verdicts
+from gpuledger.explain import source_state, verdicts
 from gpuledger.verdict import workload_verdict
 
 STYLE = """
@@ -30,15 +30,76 @@ def _gib(n: float | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-def _gpu_rows(doc: Mapping[str, Any]) -> list[str]:
+ORDINAL_TITLE = "the GPU's number inside this container: 0 is the first GPU it was given"
+CUDA_TITLE = (
+    "what the container's processes call this GPU: cuda:N after their own "
+    "CUDA_VISIBLE_DEVICES, which can differ from the container ordinal"
+)
+NUMBERING_NOTE = (
+    "# is the host index (nvidia-smi on the node). An ordinal numbers a container's GPUs; "
+    "cuda:N is a process's own number for the GPU after its CUDA_VISIBLE_DEVICES, so cuda:1 "
+    "can be ordinal 0. The UUID names the GPU."
+)
+
+
+def _cuda_numbers(doc: Mapping[str, Any]) -> dict[tuple[str, str, str], set[int]]:
+    """(pod_uid, container, GPU UUID) -> the cuda:N the container's processes call it."""
+    found: dict[tuple[str, str, str], set[int]] = defaultdict(set)
+    for p in doc.get("processes", []):
+        container, devices = p.get("container"), p.get("cuda_devices") or []
+        for g in p["gpu_memory"] if container else []:
+            if g["gpu_uuid"] in devices:
+                key = (container["pod_uid"], container["container"], g["gpu_uuid"])
+                found[key].add(devices.index(g["gpu_uuid"]))
+    return found
+
+
+def _host_processes(doc: Mapping[str, Any]) -> dict[str, list[str]]:
+    """GPU UUID -> the processes in no pod that hold memory on it, as HTML."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for p in doc.get("processes", []):
+        for g in p["gpu_memory"] if not p.get("container") else []:
+            title = p["title"] or "?"
+            found[g["gpu_uuid"]].append(
+                _e(f"host process {p['pid']} {title} ({_gib(g['used_bytes'])})")
+            )
+    return found
+
+
+def _tag(text: str, title: str) -> str:
+    return f' <span class=muted title="{_e(title)}">{_e(text)}</span>'
+
+
+def _holders(
+    doc: Mapping[str, Any],
+) -> tuple[dict[str, list[str]], dict[str, list[str]], bool]:
+    """GPU UUID -> who it is allocated to, and who uses it (HTML), each with the container
+    ordinal or the processes' cuda:N; and whether both numberings appear."""
     allocated: dict[str, list[str]] = defaultdict(list)
     used: dict[str, list[str]] = defaultdict(list)
+    cuda = _cuda_numbers(doc)
+    shown: set[str] = set()
     for c in doc.get("containers", []):
-        who = f"{c['namespace']}/{c['pod']}" if c["pod"] else f"pod {c['pod_uid'][:8]}"
+        who = _e(f"{c['namespace']}/{c['pod']}" if c["pod"] else f"pod {c['pod_uid'][:8]}")
+        ordinals = {d["gpu_uuid"]: d["local_index"] for d in c["devices"]}
         for a in c["allocations"]:
-            allocated[a["gpu_uuid"]].append(who)
+            n = ordinals.get(a["gpu_uuid"])
+            shown |= {"ordinal"} if n is not None else set()
+            ordinal = "" if n is None else _tag(f"ordinal {n}", ORDINAL_TITLE)
+            allocated[a["gpu_uuid"]].append(who + ordinal)
         for u in c["usage"]:
-            used[u["gpu_uuid"]].append(f"{who} ({_gib(u['memory_used_bytes'])})")
+            numbers = sorted(cuda.get((c["pod_uid"], c["container"], u["gpu_uuid"]), ()))
+            shown |= {"cuda"} if numbers else set()
+            called = ", ".join(f"cuda:{n}" for n in numbers)
+            called = _tag(f"as {called}", CUDA_TITLE) if called else ""
+            used[u["gpu_uuid"]].append(f"{who}{called} ({_gib(u['memory_used_bytes'])})")
+    return allocated, used, shown == {"ordinal", "cuda"}
+
+
+def _gpu_rows(doc: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """The GPU table's rows, and whether they show both numberings (then the note applies)."""
+    allocated, used, both = _holders(doc)
+    hosts = _host_processes(doc)
     issues: dict[str, list[str]] = defaultdict(list)
     for d in doc.get("discrepancies", []):
         kind = d["kind"].replace("_", " ")
@@ -51,12 +112,12 @@ def _gpu_rows(doc: Mapping[str, Any]) -> list[str]:
             else (f'<span class="bad">down ({_e(g["error_reason"])})</span>')
         )
         host = g.get("unattributed_memory_bytes")
+        if host and not hosts[g["uuid"]]:  # NVML counts it outside every pod, unnamed
+            hosts[g["uuid"]].append(f"host processes: {_gib(host)}")
         util = g["utilization_ratio"]
         none = "<span class=muted>none</span>"
-        holders = "<br>".join(map(_e, allocated[g["uuid"]])) or none
-        users = "<br>".join(map(_e, used[g["uuid"]])) or none
-        if host:
-            users += f"<br>host processes: {_gib(host)}"
+        holders = "<br>".join(allocated[g["uuid"]]) or none
+        users = "<br>".join(used[g["uuid"]] + hosts[g["uuid"]]) or none
         rows.append(
             "<tr>"
             f"<td>{_e(g['index'])}</td><td><code>{_e(g['uuid'])}</code></td>"
@@ -67,7 +128,7 @@ def _gpu_rows(doc: Mapping[str, Any]) -> list[str]:
             f"<td class=bad>{'<br>'.join(map(_e, issues[g['uuid']]))}</td>"
             "</tr>"
         )
-    return rows
+    return rows, both
 
 
 def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
@@ -115,21 +176,46 @@ def _runbook_link(url: str | None) -> str:
 
 
 def _source(status: Mapping[str, Any]) -> str:
-    if status["up"]:
-        return f'<span class="ok">{_e(status["source"])}</span>'
-    if status["reason"] == "disabled":
-        return f'<span class="muted">{_e(status["source"])} (not configured)</span>'
-    return f'<span class="bad">{_e(status["source"])} ({_e(status["reason"])})</span>'
+    """A source as up (green), down with its reason (red), or not configured (grey: this
+    exporter was not set up to read it, which is no failure)."""
+    state = source_state(status)
+    name = _e(status["source"])
+    attrs = f'data-source="{name}" data-state="{_e(state)}"'
+    if state == "up":
+        return f'<span class="ok" {attrs}>{name}</span>'
+    if state == "not_configured":
+        return (
+            f'<span class="muted" {attrs} title="this exporter is not configured to read it">'
+            f"{name} (not configured)</span>"
+        )
+    return f'<span class="bad" {attrs}>{name} (down: {_e(status["reason"])})</span>'
+
+
+# Inline, so that every page (the index too, which has no style sheet) shows it alike.
+SIMULATED_STYLE = (
+    "background:#fef0c7;border:2px solid #dc6803;color:#7a2e0e;padding:.5em .8em;"
+    "font-weight:600;margin:0 0 1em"
+)
+
+
+def simulated_banner(docs: Iterable[Mapping[str, Any]]) -> str:
+    """A banner no one can miss when any document comes from gpuledger's simulator."""
+    nodes = [str(d.get("node")) for d in docs if d.get("simulated")]
+    if not nodes:
+        return ""
+    return (
+        f'<p id="simulated" style="{SIMULATED_STYLE}">SIMULATED DATA: node '
+        f"{_e(', '.join(nodes))} is served by <code>gpuledger demo</code> or "
+        "<code>gpuledger simulate</code>; its GPUs, pods and engines are not real hardware.</p>"
+    )
 
 
 def render_page(doc: Mapping[str, Any]) -> str:
-    sources = " ".join(
-        f'<span class="{"ok" if s["up"] else "bad"}">{_e(s["source"])}'
-        f"{'' if s['up'] else ' (' + _e(s['reason']) + ')'}</span>"
-        for s in doc.get("sources", [])
-    )
+    sources = " ".join(_source(s) for s in doc.get("sources", []))
     taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc.get("taken_at", 0)))
-    gpu_rows = "".join(_gpu_rows(doc)) or "<tr><td colspan=9 class=muted>no GPUs</td></tr>"
+    rows, both_numberings = _gpu_rows(doc)
+    gpu_rows = "".join(rows) or "<tr><td colspan=9 class=muted>no GPUs</td></tr>"
+    numbering = f'<p class=muted id="numbering">{_e(NUMBERING_NOTE)}</p>' if both_numberings else ""
     workload_rows = "".join(_workload_rows(doc)) or (
         "<tr><td colspan=9 class=muted>no GPU workloads</td></tr>"
     )
@@ -137,6 +223,7 @@ def render_page(doc: Mapping[str, Any]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuledger ledger: {_e(doc.get("node"))}</title>
 <style>{STYLE}</style></head><body>
+{simulated_banner([doc])}
 <h1>GPU ledger of node <span id="node">{_e(doc.get("node"))}</span></h1>
 <p class=muted>mode {_e(doc.get("mode"))}, snapshot {_e(taken)}, gpuledger {_e(doc.get("version"))}.
 Sources: {sources}. <a href="ledger.json">ledger.json</a> · <a href="metrics">metrics</a></p>
@@ -145,6 +232,7 @@ Sources: {sources}. <a href="ledger.json">ledger.json</a> · <a href="metrics">m
 <table id="gpus"><thead><tr><th>#</th><th>UUID</th><th>model</th><th>NVML</th><th>memory</th>
 <th>util</th><th>allocated to</th><th>used by</th><th>disagreement</th></tr></thead>
 <tbody>{gpu_rows}</tbody></table>
+{numbering}
 <h2>Workloads</h2>
 <table id="workloads"><thead><tr><th>workload</th><th>pods</th><th>where requests wait</th>
 <th>engines up</th><th>waiting</th><th>running</th><th>max KV</th><th>evidence</th>

@@ -56,6 +56,8 @@ class PipelineConfig:
     ray_token: str | None = field(default=None, repr=False)  # never printed
     # Cluster mode: the (namespace, workload) Ray's pending work is attributed to.
     ray_workload: tuple[str, str] = ("", "ray")
+    # The sources are the simulator's (`demo`, `simulate`): every output says so.
+    simulated: bool = False
 
 
 def node_sources(config: PipelineConfig) -> list[Source[Any]]:
@@ -236,6 +238,7 @@ class Pipeline:
                 ledger=ledger,
                 errors_total=dict(self._errors),
                 last_success=dict(self._last_success),
+                simulated=self.config.simulated,
             )
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from gpuledger import __version__
 from gpuledger.collector import LedgerCollector, Published
 from gpuledger.document import ledger_document
 from gpuledger.exposition import render_text
-from gpuledger.page import render_page
+from gpuledger.page import render_page, simulated_banner
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,12 @@ class Exporter:
     @property
     def ready(self) -> bool:
         return self.current()[0] is not None
+
+    @property
+    def simulated(self) -> bool:
+        """The published data comes from gpuledger's simulator (PipelineConfig.simulated)."""
+        published = self.current()[0]
+        return published is not None and published.simulated
 
     def run_once(self) -> Published:
         published = self._cycle()
@@ -145,6 +151,7 @@ LANDING = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuledger</title></head>
 <body><h1>gpuledger {version}</h1>
 <p>Node <b>{node}</b>, mode <b>{mode}</b>.</p>
+{banner}
 <ul>
 <li><a href="metrics">/metrics</a> &mdash; Prometheus exposition</li>
 <li><a href="ledger">/ledger</a> &mdash; this node's ledger, readable</li>
@@ -213,6 +220,7 @@ def make_handler(
                     version=html.escape(__version__),
                     node=html.escape(node),
                     mode=html.escape(mode),
+                    banner=simulated_banner([{"node": node, "simulated": exporter.simulated}]),
                 )
                 self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
             else:

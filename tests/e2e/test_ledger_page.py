@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -13,6 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.e2e.prom_harness import Simulated
+from tests.e2e.servers import serve_without_hardware
 
 ARTIFACTS = REPO / "test-artifacts"
 DEMO = REPO / "exporter" / "gpuledger" / "sim" / "scenarios" / "demo.yaml"
@@ -116,10 +118,58 @@ def test_demo_page_shows_every_gpu_and_workload(demo: Simulated) -> None:
     assert "llm/llama-8b-5f7c9d8b6-q7x2k" in by_index["0"][6]  # allocated to
     assert "search/embed-0" in by_index["2"][7] and "search/rerank-0" in by_index["2"][7]
     assert "allocated unused: research/notebook-alice" in by_index["3"][8]
-    assert "host processes: 4.0 GiB" in by_index["7"][7]
+    assert by_index["7"][7] == "host process 47000 python3 (4.0 GiB)"
     workloads = {row[0]: row for row in page.tables["workloads"][1:]}
     assert workloads["llm/llama-8b"][2] == "engine_queueing (kv_cache)"
     assert "KV cache 93%" in workloads["llm/llama-8b"][7]
+
+
+def test_demo_page_says_simulated_what_to_do_next_and_how_gpus_are_numbered(
+    demo: Simulated,
+) -> None:
+    dom = _browse(f"http://{demo.target}/ledger")
+    page = Table()
+    page.feed(dom)
+    # A banner above everything: the node is the simulator's.
+    banner = re.search(r'<p id="simulated"[^>]*>(.*?)</p>', dom, re.S)
+    assert banner and banner.group(1).startswith("SIMULATED DATA: node demo-gpu-node-1")
+    assert dom.index('id="simulated"') < dom.index("<h1>")
+    # Every workload says what to do next; the KV-bound one links its alert's runbook.
+    workloads = {row[0]: row for row in page.tables["workloads"][1:]}
+    assert all(row[8] for row in workloads.values())
+    assert workloads["llm/llama-8b"][8].startswith("Give the engine more KV cache")
+    assert workloads["llm/llama-8b"][8].endswith("runbook")
+    assert (
+        'href="https://github.com/gpuledger/gpuledger/blob/main/docs/runbooks.md'
+        '#gpuledgerenginequeueingkvcachepressure"' in dom
+    )
+    assert workloads["train/finetune"][8].startswith("No vLLM queue to judge")
+    # The container ordinal and the process's cuda:N side by side, and what they mean:
+    # the trainer's CUDA_VISIBLE_DEVICES=1,0 calls its ordinal 0 cuda:1.
+    by_index = {row[0]: row for row in page.tables["gpus"][1:]}
+    assert by_index["4"][6] == "train/finetune-x7k2p ordinal 0"
+    assert by_index["4"][7] == "train/finetune-x7k2p as cuda:1 (60.0 GiB)"
+    assert "cuda:1 can be ordinal 0" in dom and 'id="numbering"' in dom
+    # A source the demo does not configure is grey, not red.
+    assert re.search(r'<span class="muted" data-source="ray" data-state="not_configured"', dom)
+    assert not re.search(r'<span class="bad" data-source=', dom)
+
+
+def test_serve_page_greys_sources_not_configured_and_reds_a_down_one() -> None:
+    served = serve_without_hardware()
+    try:
+        ARTIFACTS.mkdir(exist_ok=True)
+        dom = _browse(served.base + "/ledger", ARTIFACTS / "ledger-serve-no-gpu.png")
+    finally:
+        served.close()
+    spans = re.findall(r'<span class="(\w+)" data-source="(\w+)" data-state="(\w+)"', dom)
+    states = {source: (css, state) for css, source, state in spans}
+    assert states["nvml"] == ("bad", "down")
+    assert states["procfs"] == ("ok", "up")
+    for source in ("podresources", "kubernetes", "vllm", "ray"):
+        assert states[source] == ("muted", "not_configured"), source
+    assert "nvml (down: library_not_found)" in dom
+    assert 'id="simulated"' not in dom
 
 
 def test_hostile_values_are_text_not_markup() -> None:

@@ -4,7 +4,7 @@ Sources produce these and nothing else; the ledger (`gpuledger/ledger/`) consume
 and does no I/O. Every snapshot kind has a `Key` naming it in the cycle's `Snapshots`.
 """
 
-from gpuledger.model.base import SourceStatus, frozen_map
+from gpuledger.model.base import NOT_CONFIGURED, SOURCE_STATES, SourceStatus, frozen_map
 from gpuledger.model.bundle import Key, Snapshots
 
-__all__ = ["Key", "Snapshots", "SourceStatus", "frozen_map"]
+__all__ = ["NOT_CONFIGURED", "SOURCE_STATES", "Key", "Snapshots", "SourceStatus", "frozen_map"]

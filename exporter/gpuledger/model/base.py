@@ -16,6 +16,12 @@ def frozen_map(items: Mapping[K, V] | None = None) -> Mapping[K, V]:
     return MappingProxyType(dict(items or {}))
 
 
+# The error_reason of a source this exporter is not configured to read (no Kubernetes, no
+# Ray address): reported as state `not_configured`, never as a failure.
+NOT_CONFIGURED = "disabled"
+SOURCE_STATES = ("up", "down", "not_configured")
+
+
 @dataclass(frozen=True)
 class SourceStatus:
     """How one source fared in one cycle."""
@@ -27,3 +33,10 @@ class SourceStatus:
     error_reason: str | None = None
     # One line a person can act on. Never contains environment values or arguments.
     error_message: str | None = None
+
+    @property
+    def state(self) -> str:
+        """One of SOURCE_STATES: `down` only for a configured source whose fetch failed."""
+        if self.up:
+            return "up"
+        return "not_configured" if self.error_reason == NOT_CONFIGURED else "down"

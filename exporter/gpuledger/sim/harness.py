@@ -359,6 +359,7 @@ class SimulatedNode:
             ray_address=self.ray.url if self.ray is not None else None,
             ray_token=self.scenario.ray.token if self.scenario.ray is not None else None,
             ray_workload=_ray_workload(self.scenario),
+            simulated=True,
         )
 
     def close(self) -> None:
@@ -409,9 +410,7 @@ def settled_document(scenario: Scenario, deadline_seconds: float = 5.0) -> dict[
             give_up = time.monotonic() + deadline_seconds
             while True:
                 published = pipeline.cycle()
-                down = [
-                    s for s in published.ledger.sources if not s.up and s.error_reason != "disabled"
-                ]
+                down = [s for s in published.ledger.sources if s.state == "down"]
                 if not down or time.monotonic() > give_up:
                     return ledger_document(published)
                 time.sleep(0.1)

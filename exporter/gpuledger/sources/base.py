@@ -15,12 +15,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
-from gpuledger.model import Key, Snapshots, SourceStatus
+from gpuledger.model import NOT_CONFIGURED, Key, Snapshots, SourceStatus
 
 T = TypeVar("T")
 
-# Reason of a source that is not configured here: reported down, never counted as an error.
-DISABLED = "disabled"
+# Reason of a source that is not configured here: state `not_configured` (source_up 0),
+# never counted as an error.
+DISABLED = NOT_CONFIGURED
 log = logging.getLogger(__name__)
 
 
