@@ -18,6 +18,8 @@ Interface (kept stable for its importers):
     query_nodes(lister, *, pod=None, workload=None, engine=None) -> set[str] | None
     ApiServer                                        # a PodLister over the API server
     connect(*, kubeconfig, context, deadline_seconds, ...) -> ApiServer
+    read_for_query(api, *, via, namespace, deadline_seconds, concurrency=32,
+                   pod=/workload=/engine=/gpu=) -> FetchResult   # what explain reads
 
 `via="direct"` reads `http://<pod IP>:<port>` (in the cluster); `via="proxy"` reads through
 the API server's pod proxy, `<api_url>/api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy`,
@@ -54,6 +56,7 @@ __all__ = [
     "fetch_documents",
     "find_agents",
     "query_nodes",
+    "read_for_query",
 ]
 
 Doc = Mapping[str, Any]
@@ -65,6 +68,7 @@ PORT_NAME = "metrics"
 ROLES = ("node", "cluster")
 CLUSTER_KEY = "cluster"
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+CONCURRENCY = 32  # agents read at once
 MAX_LIST_BYTES = 64 * 1024 * 1024
 LIST_PAGE = 500
 MAX_LIST_PAGES = 40  # 20,000 pods: a list past that is not what we asked for
@@ -210,6 +214,41 @@ def _workload(pod: Pod) -> str:
 
 def _nodes(pods: Iterable[Pod]) -> set[str]:
     return {str(n) for p in pods if (n := (p.get("spec") or {}).get("nodeName"))}
+
+
+def read_for_query(
+    api: ApiServer,
+    *,
+    via: str,
+    namespace: str | None,
+    deadline_seconds: float,
+    concurrency: int = CONCURRENCY,
+    **query: str | None,
+) -> FetchResult:
+    """The documents an explain query needs: the agents on its pods' nodes (all nodes for
+    a GPU or a model name) and the cluster view, with a failure for every agent that
+    could not be read and every node where none was found."""
+    nodes = query_nodes(
+        api, pod=query.get("pod"), workload=query.get("workload"), engine=query.get("engine")
+    )
+    found = find_agents(api, namespace=namespace, nodes=nodes, via=via, api_url=api.url)
+    proxied = via == "proxy"
+    result = fetch_documents(
+        found,
+        deadline_seconds=deadline_seconds,
+        concurrency=concurrency,
+        headers=api.headers() if proxied else None,
+        tls_context=api.tls_context if proxied else None,
+    )
+    keys = {a.key for a in found}
+    for node in sorted(set(nodes or ()) - keys):
+        result.failures[node] = f"no gpuledger node agent found on this node ({AGENT_SELECTOR})"
+    if CLUSTER_KEY not in keys:
+        result.failures[CLUSTER_KEY] = (
+            f"no gpuledger cluster view found ({AGENT_SELECTOR}, {COMPONENT_LABEL}=cluster): "
+            "pods not placed are unknown"
+        )
+    return result
 
 
 # --- reading the documents ---
@@ -386,7 +425,7 @@ def connect(
     kubeconfig: str | None,
     context: str | None,
     deadline_seconds: float,
-    service_account_dir: str = SERVICE_ACCOUNT_DIR,
+    service_account_dir: str | None = None,
 ) -> ApiServer:
     """The API server as kubectl would find it: `kubeconfig` when given; else in-cluster
     when the service account's files are mounted; else $KUBECONFIG or ~/.kube/config.
@@ -394,6 +433,7 @@ def connect(
     the requests themselves go through HttpClient."""
     from gpuledger.sources import kubeapi  # noqa: PLC0415 (only discovery needs it)
 
+    service_account_dir = service_account_dir or SERVICE_ACCOUNT_DIR
     in_cluster = kubeconfig is None and Path(service_account_dir, "token").is_file()
     path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
     where = "the in-cluster configuration" if in_cluster else f"kubeconfig {path}"

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
 from gpuledger import __version__, cluster_page
-from gpuledger.explain import ExplainError, explain, fetch_document, render_text
+from gpuledger.agents import ClusterError, FetchResult, connect, read_for_query
+from gpuledger.explain import (
+    EXIT_UNREACHABLE,
+    ExplainError,
+    explain,
+    fetch_document,
+    render_text,
+)
+from gpuledger.httpclient import safe_url
 from gpuledger.logs import setup_logging
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.server import Exporter, LedgerPage, node_ledger_page, parse_listen, serve
@@ -344,9 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser(
         "explain",
         help="print the object chain and where the work waits, for a pod, GPU, workload or engine",
-        description="Reads /ledger.json from exporters (--from, repeatable: node agents and the "
-        "cluster view) or runs a scenario (--scenario). Exit codes: 0 explained, 1 nothing "
-        "matched, 2 usage error, 3 no source could be read.",
+        description="Finds the node agents of the pods asked about and the cluster view "
+        "through the Kubernetes API (kubeconfig or in-cluster) and reads their /ledger.json; "
+        "or reads the exporters given (--from, repeatable), or runs a scenario (--scenario). "
+        "Exit codes: 0 explained, 1 nothing matched, 2 usage error, 3 no source could be read "
+        "(or the Kubernetes API could not be used).",
     )
     ex.add_argument(
         "--from",
@@ -356,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="an exporter's base URL, e.g. http://10.0.3.7:9402 (repeatable)",
     )
+    _add_discovery_flags(ex)
     ex.add_argument("--scenario", metavar="FILE", help="explain a simulated scenario instead")
     ex.add_argument("--phase", help="with --scenario: at this phase")
     what = ex.add_mutually_exclusive_group(required=True)
@@ -382,6 +393,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_discovery_flags(p: argparse.ArgumentParser) -> None:
+    """How explain finds the agents by itself when no --from is given (docs/explain.md)."""
+    _flag(
+        p,
+        "--kubeconfig",
+        "kubeconfig for finding the agents; without it: in-cluster when a service account is "
+        "mounted, else $KUBECONFIG or ~/.kube/config",
+        env=None,
+        metavar="PATH",
+    )
+    _flag(p, "--context", "the kubeconfig context to use", env=None, shown_default="current")
+    _flag(
+        p,
+        "--agents-namespace",
+        "the namespace gpuledger runs in; default: every namespace, by the chart's labels",
+        env=None,
+        metavar="NS",
+    )
+    _flag(
+        p,
+        "--via",
+        "proxy: read the agents through the API server's pods/proxy (from a laptop); direct: "
+        "at their pod IPs (in the cluster)",
+        env=None,
+        shown_default="direct in-cluster, else proxy",
+        type=_one_of("proxy", "direct"),
+    )
+    _flag(
+        p,
+        "--timeout",
+        "seconds for reading every agent's /ledger.json, all reads together, and for each "
+        "Kubernetes API request",
+        env=None,
+        shown_default="10",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+    )
+
+
 def _scenario_document(path: str, phase: str | None) -> Mapping[str, Any] | None:
     """The settled ledger of a simulated scenario; None (after saying why) if it cannot run."""
     from gpuledger.sim.fake_nvml import FakeNvmlBuildError  # noqa: PLC0415 (see top)
@@ -395,8 +446,30 @@ def _scenario_document(path: str, phase: str | None) -> Mapping[str, Any] | None
         return None
 
 
+def _discovered(args: argparse.Namespace) -> FetchResult | int:
+    """The documents of the agents the query needs, found through the Kubernetes API."""
+    try:
+        api = connect(
+            kubeconfig=args.kubeconfig, context=args.context, deadline_seconds=args.timeout
+        )
+        return read_for_query(
+            api,
+            via=args.via or ("direct" if api.in_cluster else "proxy"),
+            namespace=args.agents_namespace,
+            deadline_seconds=args.timeout,
+            pod=args.pod,
+            workload=args.workload,
+            engine=args.engine,
+            gpu=args.gpu,
+        )
+    except ClusterError as exc:
+        print(f"gpuledger: error: {exc} (or give --from URL)", file=sys.stderr)
+        return EXIT_UNREACHABLE
+
+
 def run_explain(args: argparse.Namespace) -> int:
     docs: list[Mapping[str, Any]] = []
+    failures: dict[str, str] = {}  # what could not be read, by agent or URL
     if args.scenario:
         settled = _scenario_document(args.scenario, args.phase)
         if settled is None:
@@ -406,27 +479,45 @@ def run_explain(args: argparse.Namespace) -> int:
         try:
             docs.append(fetch_document(url))
         except ExplainError as exc:
-            print(f"gpuledger: warning: cannot read {exc}", file=sys.stderr)
+            failures[safe_url(url)] = str(exc)
+    if not args.scenario and not args.sources:
+        found = _discovered(args)
+        if isinstance(found, int):
+            return found
+        docs.extend(found.documents.values())
+        failures.update(found.failures)
     if not docs:
-        if not args.scenario and not args.sources:
-            print(
-                "gpuledger: error: give --from URL or --scenario FILE (see --help)", file=sys.stderr
-            )
-            return EXIT_USAGE
+        _warn_unreadable(failures)
         print("gpuledger: error: no ledger could be read", file=sys.stderr)
-        return 3
+        return EXIT_UNREACHABLE
     try:
         result = explain(
             docs, pod=args.pod, gpu=args.gpu, workload=args.workload, engine=args.engine
         )
     except ExplainError as exc:
+        _warn_unreadable(failures)  # perhaps why nothing matched
         print(f"gpuledger: {exc}", file=sys.stderr)
         return exc.code
+    result["unreadable"] = failures
+    result["unknowns"] = [
+        *result["unknowns"],
+        *(f"{key}: could not be read: {why}" for key, why in sorted(failures.items())),
+    ]
     if args.output == "json":
         print(json.dumps(result, indent=1, default=str))
     else:
         sys.stdout.write(render_text(result))
     return 0
+
+
+def _warn_unreadable(failures: Mapping[str, str]) -> None:
+    for key, why in sorted(failures.items()):
+        print(f"gpuledger: warning: could not read {key}: {why}", file=sys.stderr)
+
+
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """`kubectl gpuledger ARGS` (the kubectl-gpuledger plugin) is `gpuledger explain ARGS`."""
+    return main(["explain", *(sys.argv[1:] if argv is None else argv)])
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:

@@ -136,8 +136,12 @@ def test_cli_exit_codes_and_json_output() -> None:
     assert "Traceback" not in missing.stderr
     unreachable = run("--from", "http://127.0.0.1:9", "--pod", "a/b")
     assert unreachable.returncode == 3
-    usage = run("--pod", "a/b")
-    assert usage.returncode == 2
+    # Without --from or --scenario it asks the Kubernetes API (test_fleet_explain.py).
+    unconfigured = run("--kubeconfig", "/nonexistent/kubeconfig", "--pod", "a/b")
+    assert unconfigured.returncode == 3
+    assert "cannot load kubeconfig /nonexistent/kubeconfig" in unconfigured.stderr
+    usage = run("--via", "tunnel", "--pod", "a/b")
+    assert usage.returncode == 2 and usage.stderr.count("\n") == 1
 
 
 def test_ray_overcommit_and_unplaceable_placement_groups() -> None:

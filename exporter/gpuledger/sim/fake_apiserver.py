@@ -559,13 +559,18 @@ class FakeApiServer:
     # -- client configuration --
 
     def kubeconfig(self, path: str | Path) -> Path:
-        """Write a kubeconfig (no credentials) pointing at this server."""
+        """Write a kubeconfig pointing at this server: with its CA under `tls=`, and its
+        bearer token under `token=` (else no credentials)."""
         target = Path(path)
+        cluster: dict[str, str] = {"server": self.url}
+        if self.tls is not None:
+            cluster["certificate-authority"] = str(Path(self.tls[0]).resolve())
+        user = {"token": self.token} if self.token is not None else {}
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {}}],
+            "clusters": [{"name": "fake", "cluster": cluster}],
+            "users": [{"name": "fake", "user": user}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
             "current-context": "fake",
         }
