@@ -94,6 +94,17 @@ local stages = import 'exporter/gpuledger/stages.json';
     // The exporter's snapshot is older than snapshotStaleSeconds.
     snapshotStaleFor: '5m',
 
+    // ---------------------------------------------------------------- deprecations
+
+    // Until this release the recording rules were named gpuledger:<what>:<aggregation>; they
+    // are now level:metric:operations (docs/mixin.md, "Recording rule names"). true: one
+    // more rule group (gpuledger.deprecated_aliases, alerts/aliases.libsonnet) records every
+    // old name from the new one, with the same labels and values, so dashboards, alerts and
+    // queries of your own that use the old names keep working while you move them. Nothing
+    // of the mixin reads the old names. false: no aliases (and ~25 fewer rules to evaluate).
+    // Deprecated: the aliases and this setting will be removed in the next release.
+    deprecatedRecordingRuleAliases: true,
+
     // ---------------------------------------------------------------- links
 
     // Every alert gets `runbook_url: <this % lower-case alert name>`, an anchor of

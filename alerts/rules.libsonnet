@@ -9,7 +9,7 @@
 //               metric has (a 0/1 condition, a stage code), its gpuledger_* name;
 //   operations  the aggregation: sum, max, count, group, rate5m (a summed 5m rate), onehot.
 // docs/mixin.md ("Recording rule names") has the table of the names before this
-// convention.
+// convention, which alerts/aliases.libsonnet still records for one release.
 //
 // Workload identity is (cluster, namespace, workload). Engine identity adds node, pod,
 // pod_uid, model_name and engine (the vLLM data-parallel rank). Ray series from the

@@ -148,8 +148,20 @@ def alerts() -> list[dict[str, Any]]:
     return [r for g in rule_groups() for r in g["rules"] if "alert" in r]
 
 
+# Old recording rule names kept for one release (alerts/aliases.libsonnet).
+ALIAS_GROUP = "gpuledger.deprecated_aliases"
+
+
 def recordings() -> list[dict[str, Any]]:
-    return [r for g in rule_groups() for r in g["rules"] if "record" in r]
+    """The recording rules, without the deprecated aliases of their old names."""
+    return [
+        r for g in rule_groups() if g["name"] != ALIAS_GROUP for r in g["rules"] if "record" in r
+    ]
+
+
+def alias_rules() -> list[dict[str, Any]]:
+    """The deprecated aliases: {record: old name, expr: new name}."""
+    return [r for g in rule_groups() if g["name"] == ALIAS_GROUP for r in g["rules"]]
 
 
 def recording_names() -> set[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from tests.mixin.helpers import (
+    ALIAS_GROUP,
     CONTRACT_METRICS,
     LAYERS,
     PROMQL_FUNCTIONS,
@@ -20,7 +22,9 @@ from tests.mixin.helpers import (
     SEVERITIES,
     TESTS_DIR,
     alerts,
+    alias_rules,
     config,
+    evaluate_jsonnet,
     github_anchor,
     promql_names,
     recording_names,
@@ -141,6 +145,91 @@ def test_stage_series_cover_every_stage_once() -> None:
         "idle",
         "no_engine",
     ]
+
+
+def _renamed_table() -> list[tuple[str, str]]:
+    """docs/mixin.md's table of the names before this release: [(old, new)]."""
+    text = (REPO / "docs" / "mixin.md").read_text()
+    section = text.split("\n## Recording rule names\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `(gpuledger:[^`]+)` \| `([^`]+)` \|$", section, re.M)
+
+
+def test_deprecated_aliases_record_every_old_name_from_its_new_one() -> None:
+    """One alias per recording rule, each the bare new name, as docs/mixin.md's table says."""
+    aliases = alias_rules()
+    pairs = [(r["record"], r["expr"].strip()) for r in aliases]
+    assert pairs == _renamed_table()
+    assert all(set(r) == {"record", "expr"} for r in aliases), "an alias adds no labels"
+    assert {new for _, new in pairs} == recording_names()
+    olds = [old for old, _ in pairs]
+    assert len(set(olds)) == len(olds)
+    assert not set(olds) & recording_names()
+    for old in olds:
+        assert re.fullmatch(r"gpuledger:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*", old), old
+    # Nothing of the mixin reads an old name.
+    for group in rule_groups():
+        for rule in group["rules"]:
+            assert not promql_names(rule["expr"])[0] & set(olds), (
+                rule.get("alert") or rule["record"]
+            )
+
+
+def test_deprecated_aliases_are_a_setting() -> None:
+    import _jsonnet
+
+    def groups(value: str) -> list[str]:
+        snippet = (
+            "local m = (import 'mixin.libsonnet')"
+            f" + {{ _config+:: {{ deprecatedRecordingRuleAliases: {value} }} }};"
+            " [g.name for g in m.prometheusRules.groups]"
+        )
+        return json.loads(_jsonnet.evaluate_snippet("aliases", snippet, jpathdir=[str(REPO)]))
+
+    assert config()["deprecatedRecordingRuleAliases"] is True
+    assert groups("true")[-1] == ALIAS_GROUP
+    assert ALIAS_GROUP not in groups("false")
+    assert groups("false") == groups("true")[:-1]
+
+
+def test_deprecated_aliases_equal_the_new_series(tmp_path: Path) -> None:
+    """promtool, on the synthetic cluster of the dashboard tests: every old name has exactly
+    the series of its new name, labels and values, and has some."""
+    series = evaluate_jsonnet(REPO / "tests" / "mixin" / "dashboard_data.jsonnet")
+    cases = []
+    # The names docs/mixin.md pairs (not the aliases' own expressions): an alias recording
+    # the wrong series fails here.
+    table = _renamed_table()
+    assert {old for old, _ in table} == {r["record"] for r in alias_rules()}
+    for old, new in table:
+        cases += [
+            {
+                "expr": f"({old} != {new}) or ({old} unless {new}) or ({new} unless {old})",
+                "eval_time": "30m",
+                "exp_samples": [],
+            },
+            {
+                "expr": f"group({old})",
+                "eval_time": "30m",
+                "exp_samples": [{"labels": "{}", "value": 1}],
+            },
+        ]
+    doc = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "group_eval_order": [g["name"] for g in rule_groups()],
+        "tests": [
+            {
+                "name": "deprecated aliases",
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": cases,
+            }
+        ],
+    }
+    path = tmp_path / "aliases.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1_000_000))
+    result = run([tool("promtool"), "test", "rules", str(path)])
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr
 
 
 def test_recording_rules_are_documented_in_metrics_md() -> None:
