@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover - the test extra installs it
 # Chart.yaml kubeVersion is ">=1.28.0-0": validate against that and the newest schemas.
 OLDEST_KUBERNETES = "1.28.0"
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
-OPTIONAL_KINDS = MONITORING_KINDS | {"ConfigMap"}
+OPTIONAL_KINDS = MONITORING_KINDS | {"ConfigMap", "NetworkPolicy"}
 # The mixin's rules and dashboards select scrape jobs with this (config.libsonnet).
 MIXIN_JOB_SELECTOR = re.compile(r"gpuledger.*")
 READ_VERBS = {"get", "list", "watch"}
@@ -55,6 +55,7 @@ def test_scenarios_cover_the_install_cases() -> None:
         "kube-prometheus-stack-values.yaml",
         "no-ray-values.yaml",
         "mig-timeslicing-values.yaml",
+        "secure-values.yaml",
     } <= set(SCENARIOS)
 
 
@@ -131,7 +132,21 @@ _ENDPOINT = {
     "honorLabels",
     "relabelings",
     "metricRelabelings",
+    "tlsConfig",
+    "basicAuth",
 }
+# Endpoint TLSConfig (ServiceMonitor) / SafeTLSConfig (PodMonitor: no *File fields).
+_SAFE_TLS_CONFIG = {
+    "ca",
+    "cert",
+    "keySecret",
+    "serverName",
+    "insecureSkipVerify",
+    "minVersion",
+    "maxVersion",
+}
+_TLS_CONFIG = _SAFE_TLS_CONFIG | {"caFile", "certFile", "keyFile"}
+_SECRET_KEY_SELECTOR = {"name", "key", "optional"}
 _RELABEL = {
     "action",
     "sourceLabels",
@@ -166,6 +181,14 @@ def _check_monitoring_object(manifest: Manifest) -> None:
         assert set(endpoint) <= _ENDPOINT, endpoint.keys()
         assert _DURATION.match(endpoint["interval"]) and _DURATION.match(endpoint["scrapeTimeout"])
         assert isinstance(endpoint["honorLabels"], bool)
+        assert endpoint["scheme"] in ("http", "https")
+        tls_fields = _TLS_CONFIG if manifest["kind"] == "ServiceMonitor" else _SAFE_TLS_CONFIG
+        tls_config = endpoint.get("tlsConfig", {})
+        assert set(tls_config) <= tls_fields, tls_config.keys()
+        if "basicAuth" in endpoint:
+            assert set(endpoint["basicAuth"]) <= {"username", "password"}
+            for selector in endpoint["basicAuth"].values():
+                assert set(selector) <= _SECRET_KEY_SELECTOR and {"name", "key"} <= set(selector)
         for relabel in endpoint.get("relabelings", []) + endpoint.get("metricRelabelings", []):
             assert set(relabel) <= _RELABEL, relabel.keys()
 

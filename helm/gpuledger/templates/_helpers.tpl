@@ -150,3 +150,84 @@ Include with (dict "ctx" $ "component" "node").
   readOnly: true
 {{- end }}
 {{- end -}}
+
+{{/*
+exporter.webConfig: the web config Secret (and an optional TLS Secret, e.g. cert-manager's)
+projected read-only into one folder, so that relative paths in web-config.yml name the
+certificate files next to it. A whole-folder mount, never subPath: the kubelet then
+replaces the files in place when a Secret changes, and the exporter re-reads the
+certificate and key when their files change.
+*/}}
+{{- define "gpuledger.webConfigDir" -}}
+/etc/gpuledger/web
+{{- end -}}
+
+{{- define "gpuledger.webConfigCheck" -}}
+{{- $w := .Values.exporter.webConfig -}}
+{{- if and (or $w.tls $w.tlsSecretName) (not $w.secretName) -}}
+{{- fail "exporter.webConfig.tls and exporter.webConfig.tlsSecretName need exporter.webConfig.secretName: the Secret holding web-config.yml (docs/install.md, \"Restricting access\")" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuledger.webConfigEnv" -}}
+{{- include "gpuledger.webConfigCheck" . -}}
+{{- if .Values.exporter.webConfig.secretName }}
+- name: GPULEDGER_WEB_CONFIG_FILE
+  value: {{ printf "%s/web-config.yml" (include "gpuledger.webConfigDir" .) | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.webConfigVolume" -}}
+{{- $w := .Values.exporter.webConfig -}}
+{{- if $w.secretName }}
+- name: web-config
+  projected:
+    defaultMode: 0440
+    sources:
+      - secret:
+          name: {{ $w.secretName }}
+      {{- with $w.tlsSecretName }}
+      - secret:
+          name: {{ . }}
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.webConfigMount" -}}
+{{- if .Values.exporter.webConfig.secretName }}
+- name: web-config
+  mountPath: {{ include "gpuledger.webConfigDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/*
+A probe from values, with httpGet.scheme HTTPS when the exporter serves TLS (a plain HTTP
+probe of a TLS port always fails; the kubelet does not verify the certificate). Include
+with (dict "ctx" $ "probe" $v.livenessProbe); empty when the probe is.
+*/}}
+{{- define "gpuledger.probe" -}}
+{{- $probe := deepCopy (.probe | default dict) -}}
+{{- if and .ctx.Values.exporter.webConfig.tls $probe.httpGet -}}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" -}}
+{{- end -}}
+{{- with $probe }}
+{{- toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+TLS and basic auth of a ServiceMonitor endpoint / PodMonitor podMetricsEndpoint:
+include with (dict "ctx" $ "monitor" $v).
+*/}}
+{{- define "gpuledger.monitorScheme" -}}
+scheme: {{ ternary "https" "http" (.ctx.Values.exporter.webConfig.tls | default false) }}
+{{- with .monitor.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .monitor.basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
