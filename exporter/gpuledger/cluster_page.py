@@ -35,8 +35,15 @@ from gpuledger.agents import (
     fetch_documents,
     find_agents,
 )
-from gpuledger.explain import STAGE_TEXT, Fleet, Workload, explain_workload, verdicts
-from gpuledger.page import STYLE
+from gpuledger.explain import (
+    STAGE_TEXT,
+    Fleet,
+    Workload,
+    explain_workload,
+    source_state,
+    verdicts,
+)
+from gpuledger.page import STYLE, simulated_banner
 from gpuledger.verdict import STAGE, Thresholds, Verdict
 
 log = logging.getLogger(__name__)
@@ -50,7 +57,8 @@ MAX_AGENTS = 2000  # agents read (and documents held) at most: the cache's bound
 
 # The cluster page's additions to the node page's style.
 CLUSTER_STYLE = """
-a{color:#175cd3} .chain td{font-size:13px} ul{margin:.2em 0 .6em} .node{white-space:nowrap}
+a{color:#175cd3} .chain td{font-size:13px} ul{margin:.2em 0 .6em}
+.node{white-space:nowrap} .eng{min-width:9em}
 """
 
 
@@ -266,7 +274,7 @@ def _workload_row(w: Workload, v: Verdict) -> str:
         f"<td class=node>{_lines(nodes) or '<span class=muted>not placed</span>'}</td>"
         f"<td>{_lines(pods)}</td>"
         f"<td class=stage>{_stage(v)}</td>"
-        f"<td>{_engines_summary(w.engines)}</td>"
+        f"<td class=eng>{_engines_summary(w.engines)}</td>"
         f"<td>{_lines(v.evidence)}</td>"
         f"<td class=next>{_next_step(v.next_step.text, v.next_step.runbook_url)}</td>"
         "</tr>"
@@ -355,13 +363,20 @@ def _unread_note(reading: Reading) -> str:
     )
 
 
+def _source(status: Doc) -> str:
+    # As on the node page: up green, down red with its reason, not configured grey.
+    state = source_state(status)
+    name = _e(status["source"])
+    if state == "up":
+        return f'<span class="ok">{name}</span>'
+    if state == "not_configured":
+        return f'<span class="muted">{name} (not configured)</span>'
+    return f'<span class="bad">{name} (down: {_e(status.get("reason"))})</span>'
+
+
 def _header(own: Doc, reading: Reading, ttl: float) -> str:
     reads = reading.reads
-    sources = " ".join(
-        f'<span class="{"ok" if s["up"] else "bad"}">{_e(s["source"])}'
-        f"{'' if s['up'] else ' (' + _e(s['reason']) + ')'}</span>"
-        for s in own.get("sources", [])
-    )
+    sources = " ".join(_source(s) for s in own.get("sources", []))
     read = sum(r.document is not None for r in reads)
     agents = (
         f"Node agents: {read} of {len(reads)} read (each read is reused for {ttl:g} s)."
@@ -377,10 +392,11 @@ def _header(own: Doc, reading: Reading, ttl: float) -> str:
     )
 
 
-def _page(title: str, body: str) -> str:
+def _page(title: str, body: str, docs: Sequence[Doc]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
 <style>{STYLE}{CLUSTER_STYLE}</style></head><body>
+{simulated_banner(docs)}
 {body}
 </body></html>
 """
@@ -439,7 +455,7 @@ def render_overview(own: Doc, reading: Reading, ttl: float, now: float) -> str:
             "none",
         )
     )
-    return _page("gpuledger ledger: the cluster", body)
+    return _page("gpuledger ledger: the cluster", body, docs)
 
 
 def _engine_text(e: Doc) -> str:
@@ -528,7 +544,7 @@ def render_workload(
             f"<h1>Workload {_e(name)}</h1>{back}{_header(own, reading, ttl)}"
             f"<p class=bad>Workload {_e(name)} is in no ledger read.</p>"
         )
-        return HTTPStatus.NOT_FOUND, _page(f"gpuledger: {name}", body)
+        return HTTPStatus.NOT_FOUND, _page(f"gpuledger: {name}", body, docs)
     result = explain_workload(fleet, w, Thresholds())
     v = result["verdict"]
     issues = "".join(f"<li>{_e(d)}</li>" for d in result["discrepancies"])
@@ -555,7 +571,7 @@ def render_workload(
             else "<p class=ok>allocations, processes and engines agree</p>"
         )
     )
-    return HTTPStatus.OK, _page(f"gpuledger: {name}", body)
+    return HTTPStatus.OK, _page(f"gpuledger: {name}", body, docs)
 
 
 def render(

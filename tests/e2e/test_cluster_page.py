@@ -219,8 +219,10 @@ def page_of(dom: str) -> Table:
 def test_every_workload_stage_across_nodes_pending_and_ray(cluster: Cluster) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "ledger-cluster.png"
-    page = page_of(_browse(f"http://{cluster.view.target}/ledger", shot))
+    dom = _browse(f"http://{cluster.view.target}/ledger", shot)
+    page = page_of(dom)
     assert shot.stat().st_size > 10_000
+    assert "SIMULATED DATA: node node-&lt;b&gt;bold&lt;/b&gt;, gpu-node-a, gpu-node-b" in dom
     workloads = {row[0]: row for row in page.tables["workloads"][1:]}
     stages = {name: row[3] for name, row in workloads.items()}
     assert stages == {
