@@ -14,8 +14,8 @@ from prometheus_client.registry import Collector
 
 from gpuledger import __version__
 from gpuledger.ledger import ContainerRef, Ledger
-from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model import SOURCE_STATES
+from gpuledger.model.kubernetes import PodInfo
 
 CONTAINER_LABELS = ["namespace", "pod", "pod_uid", "container", "workload"]
 POD_LABELS = ["namespace", "pod", "pod_uid", "workload"]
@@ -334,11 +334,21 @@ def self_families(published: Published, now: float) -> Iterator[Metric]:
     ledger = published.ledger
     node = ledger.node
     up = _gauge("gpuledger_source_up", "1 if the source's last fetch succeeded.", ["source"])
+    # A state set (kube-state-metrics style): tells a source that is not configured on this
+    # exporter from one that is down, while source_up stays 0 for both as before.
+    state = _gauge(
+        "gpuledger_source_state",
+        "1 for the source's state (up, down, not_configured: this exporter does not read it), "
+        "0 for the others.",
+        ["source", "state"],
+    )
     duration = _gauge(
         "gpuledger_source_duration_seconds", "How long the source's last fetch took.", ["source"]
     )
     for status in ledger.sources:
         up.add_metric([node, status.source], 1 if status.up else 0)
+        for name in SOURCE_STATES:
+            state.add_metric([node, status.source, name], 1 if status.state == name else 0)
         duration.add_metric([node, status.source], status.duration_seconds)
     errors = CounterMetricFamily(
         "gpuledger_source_errors",
@@ -396,21 +406,11 @@ class LedgerCollector(Collector):
 
     `part`: "snapshot" (all but the age), "age" (the age alone) or "all".
     """
-    # A state set (kube-state-metrics style): tells a source that is not configured on this
-    # exporter from one that is down, while source_up stays 0 for both as before.
-    state = _gauge(
-        "gpuledger_source_state",
-        "1 for the source's state (up, down, not_configured: this exporter does not read it), "
-        "0 for the others.",
-        ["source", "state"],
-    )
 
     def __init__(
         self, current: Callable[[], tuple[Published | None, float]], part: str = "all"
     ) -> None:
         self._current = current
-        for name in SOURCE_STATES:
-            state.add_metric([node, status.source, name], 1 if status.state == name else 0)
         self._part = part
 
     def families(self) -> Iterator[Metric]:
