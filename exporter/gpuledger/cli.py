@@ -29,6 +29,7 @@ from gpuledger.httpclient import safe_url
 from gpuledger.logs import setup_logging
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.server import Exporter, LedgerPage, node_ledger_page, parse_listen, serve
+from gpuledger.webconfig import WebConfigError, load_web_config
 
 # The simulator (and PyYAML, and the fake NVML's C build) is imported only inside the
 # commands that use it: `gpuledger serve` never loads gpuledger.sim
@@ -296,6 +297,15 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     )
     _flag(
         p,
+        "--web-config-file",
+        "TLS and basic auth for every endpoint but /healthz and /readyz, in the Prometheus "
+        "exporter-toolkit's web config format (docs/security.md)",
+        env="WEB_CONFIG_FILE",
+        default=_env("WEB_CONFIG_FILE"),
+        metavar="PATH",
+    )
+    _flag(
+        p,
         "--node-name",
         "value of the node label",
         env="NODE_NAME",
@@ -534,6 +544,13 @@ def run_exporter(
     banner: str | None = None,
     on_tick: PhaseClock | None = None,
 ) -> int:
+    web = None
+    if getattr(args, "web_config_file", None):
+        try:
+            web = load_web_config(args.web_config_file)
+        except WebConfigError as exc:
+            print(f"gpuledger: error: --web-config-file: {exc}", file=sys.stderr)
+            return 2
     ledger_page: LedgerPage = node_ledger_page
     if config.mode == "cluster":
         cluster = cluster_ledger_page(config, args)
@@ -545,7 +562,7 @@ def run_exporter(
         pipeline.cycle, args.interval, lambda: pipeline.warm_up(config.source_deadline_seconds)
     )
     try:
-        httpd = serve(exporter, args.listen, config.node, config.mode, ledger_page=ledger_page)
+        httpd = serve(exporter, args.listen, config.node, config.mode, web, ledger_page=ledger_page)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         print(f"gpuledger: error: cannot listen on {args.listen}: {reason}", file=sys.stderr)
@@ -555,7 +572,10 @@ def run_exporter(
     exporter.start()
     threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
     host, port = httpd.server_address[:2]
-    log.info("serving on http://%s:%s/ (node %s, mode %s)", host, port, config.node, config.mode)
+    scheme = "https" if web is not None and web.tls is not None else "http"
+    log.info(
+        "serving on %s://%s:%s/ (node %s, mode %s)", scheme, host, port, config.node, config.mode
+    )
     if banner:
         print(banner.format(url=f"http://localhost:{port}"), flush=True)
     while not stop.wait(0.5):

@@ -16,6 +16,7 @@ import logging
 import queue
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ from gpuledger.collector import LedgerCollector, Published
 from gpuledger.document import ledger_document
 from gpuledger.exposition import render_text
 from gpuledger.page import render_page, simulated_banner
+from gpuledger.webconfig import TlsContext, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +168,7 @@ def make_handler(
     exporter: Exporter,
     node: str,
     mode: str,
+    web: WebConfig | None = None,
     *,
     ledger_page: LedgerPage = node_ledger_page,
 ) -> type[BaseHTTPRequestHandler]:
@@ -186,6 +189,9 @@ def make_handler(
 
         def _route(self) -> None:
             path, _, query = self.path.partition("?")
+            if web is not None and not web.authorized(path, self.headers.get("Authorization")):
+                self._refuse()
+                return
             if path == "/metrics":
                 gzipped = _wants_gzip(self.headers.get("Accept-Encoding"))
                 body, content_type = exporter.render(self.headers.get("Accept"), gzipped)
@@ -238,6 +244,18 @@ def make_handler(
             if encoding is not None:
                 self.send_header("Content-Encoding", encoding)
                 self.send_header("Vary", "Accept-Encoding")
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in web.headers if web is not None else ():
+                self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _refuse(self) -> None:
+            body = b"unauthorized\n"
+            self.send_response(HTTPStatus.UNAUTHORIZED)
+            self.send_header("WWW-Authenticate", 'Basic realm="gpuledger"')
+            self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if self.command != "HEAD":
@@ -307,9 +325,11 @@ class GatedHTTPServer(HTTPServer):
         address: tuple[str, int],
         handler: type[BaseHTTPRequestHandler],
         alive: Callable[[], bool] = lambda: True,
+        tls: TlsContext | None = None,
     ) -> None:
         self._closing = threading.Event()
         self._alive = alive
+        self._tls = tls
         super().__init__(address, handler)  # binds: raises OSError on a busy address
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
         self._workers = concurrent.futures.ThreadPoolExecutor(
@@ -354,6 +374,12 @@ class GatedHTTPServer(HTTPServer):
                 self.shutdown_request(sock)
                 continue
             sock.setblocking(False)
+            if self._tls is not None:
+                # The handshake runs inside the gate's non-blocking reads (OpenSSL accepts
+                # on the first read), so a slow TLS client holds no thread either.
+                sock = self._tls.current().wrap_socket(
+                    sock, server_side=True, do_handshake_on_connect=False
+                )
             self._selector.register(sock, selectors.EVENT_READ, None)
             waiting[sock] = (address, bytearray(), time.monotonic() + HEAD_TIMEOUT_SECONDS)
 
@@ -363,9 +389,11 @@ class GatedHTTPServer(HTTPServer):
         address, head, _ = waiting[sock]
         try:
             data = sock.recv(4096)
-        except BlockingIOError:
+            while isinstance(sock, ssl.SSLSocket) and sock.pending() and len(data) < MAX_HEAD_BYTES:
+                data += sock.recv(4096)  # decrypted bytes the selector cannot see
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
-        except OSError:
+        except OSError:  # reset, or a TLS handshake that failed (plain HTTP on a TLS port)
             data = b""
         head += data
         if not data or len(head) > MAX_HEAD_BYTES:
@@ -425,6 +453,7 @@ def serve(
     listen: str,
     node: str,
     mode: str,
+    web: WebConfig | None = None,
     *,
     ledger_page: LedgerPage = node_ledger_page,
 ) -> GatedHTTPServer:
@@ -432,6 +461,7 @@ def serve(
     host, port = parse_listen(listen)
     return GatedHTTPServer(
         (host, port),
-        make_handler(exporter, node, mode, ledger_page=ledger_page),
+        make_handler(exporter, node, mode, web, ledger_page=ledger_page),
         lambda: exporter.alive,
+        tls=web.tls if web is not None else None,
     )
