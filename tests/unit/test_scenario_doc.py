@@ -21,6 +21,8 @@ from tests.conftest import REPO
 
 DOC = REPO / "docs" / "scenarios.md"
 GPU = "GPU-00000000-0000-4000-8000-000000000000"
+GPU_MIG = "GPU-00000000-0000-4000-8000-000000000001"
+MIG = "MIG-00000000-0000-5000-8000-000000000000"
 UNKNOWN = "zz_not_a_key"
 _HEADING = re.compile(r"^#{2,4} (.*)$")
 _OBJECT = re.compile(r"^`([^`]+)`$")
@@ -48,7 +50,8 @@ def skeleton() -> dict[str, Any]:
     return {
         "node": "n1",
         "nvml": {},
-        "gpus": [{"uuid": GPU}],
+        # The first GPU is the one `gpus[]` locates: it has the MIG device `gpus[].mig[]`.
+        "gpus": [{"uuid": GPU_MIG, "mig": [{"uuid": MIG, "profile": "1g.10gb"}]}, {"uuid": GPU}],
         "processes": [{"pid": 100}],
         "kubernetes": {
             "pods": [

@@ -12,7 +12,9 @@
  *   hang_ms <milliseconds>
  *   gpu <index> <uuid> <pci_bus_id> <mem_total> <mem_used> <util_gpu> <util_mem> <mig 0|1>
  *       <ok|lost> <name to end of line>
- *   proc <gpu_index> <pid> <used_memory_bytes>
+ *   mig <gpu_index> <mig_index> <uuid> <gpu_instance_id> <compute_instance_id>
+ *       <gpu_instance_slices> <compute_instance_slices> <mem_total> <mem_used> <profile>
+ *   proc <gpu_index> <pid> <used_memory_bytes> [<mig_index>]
  *
  * The file is re-read by every nvmlInit* and nvmlDeviceGetCount* call, so a harness can
  * rewrite it (atomically, by rename) between phases and a long-running exporter sees the
@@ -22,8 +24,21 @@
  * mid-run); hang_ms makes nvmlDeviceGetCount* sleep that long before answering (a hung
  * driver), without holding the library's lock.
  *
- * Handles are pointers into a fixed slot array indexed by GPU index, so they stay valid
- * across reloads and keep referring to "the GPU at index i", as real handles do.
+ * Handles are pointers into fixed slot arrays (GPUs by index, MIG devices by parent index
+ * and MIG device index), so they stay valid across reloads and keep referring to "the GPU at
+ * index i" or "MIG device j of GPU i", as real handles do.
+ *
+ * MIG, as NVML documents it: a `mig` record is a MIG device (one compute instance) of a GPU
+ * whose MIG mode is on. nvmlDeviceGetMaxMigDeviceCount is 7 on such a GPU (0 otherwise);
+ * nvmlDeviceGetMigDeviceHandleByIndex gives NOT_FOUND for an empty slot. A MIG handle
+ * answers UUID, name ("<parent name> MIG <profile>"), index (its MIG device index), GPU and
+ * compute instance ids, parent handle, attributes (slice counts, memory), memory and running
+ * processes (that instance's); utilization is NOT_SUPPORTED on a MIG handle and on a
+ * MIG-enabled GPU, and queries the fake does not model per instance (PCI, power,
+ * temperature, MIG mode) answer NOT_SUPPORTED on a MIG handle. A `proc` record with a
+ * MIG index runs on that MIG device: the parent GPU's process list (the aggregate a
+ * privileged caller gets) carries its gpuInstanceId/computeInstanceId, and the MIG handle
+ * lists it.
  *
  * Build variants (to exercise pynvml's fallbacks against older drivers):
  *   -DFAKE_NVML_NO_V3         omit nvmlDeviceGetComputeRunningProcesses_v3
@@ -64,6 +79,10 @@ enum {
 #define CUDA_DRIVER_VERSION 12040
 #define MAX_GPUS 64
 #define MAX_PROCS 4096
+#define MAX_MIG 7 /* MIG devices per GPU: A100, H100 and H200 have at most seven */
+#define PROFILE_LEN 32
+#define NO_MIG 0xFFFFFFFFu /* a process record outside any MIG device */
+#define MIB (1024ull * 1024ull)
 /* Buffer sizes match nvml.h (the *_V2_BUFFER_SIZE values pynvml passes). */
 #define NAME_LEN 96
 #define UUID_LEN 96
@@ -112,6 +131,18 @@ typedef struct {
 } nvmlProcessInfo_v1_t;
 
 typedef struct {
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    unsigned int gpuInstanceSliceCount;
+    unsigned int computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+typedef struct {
     unsigned int pid;
     unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId;
@@ -134,10 +165,24 @@ struct fake_gpu {
     int lost;
 };
 
+/* A MIG device: one compute instance inside one GPU instance of its parent GPU. */
+struct fake_mig {
+    int present;
+    unsigned int gpu;   /* the parent's index */
+    unsigned int index; /* MIG device index under the parent */
+    char uuid[UUID_LEN];
+    char name[NAME_LEN];
+    char profile[PROFILE_LEN];
+    unsigned int gi, ci;               /* GPU instance id, compute instance id */
+    unsigned int gi_slices, ci_slices; /* the profile's slice counts */
+    unsigned long long mem_total, mem_used;
+};
+
 struct fake_proc {
     unsigned int gpu;
     unsigned int pid;
     unsigned long long used;
+    unsigned int mig; /* MIG device index, or NO_MIG */
 };
 
 struct fake_state {
@@ -147,11 +192,13 @@ struct fake_state {
     unsigned int hang_ms;
     unsigned int gpu_count; /* highest present index + 1 */
     struct fake_gpu gpus[MAX_GPUS];
+    struct fake_mig migs[MAX_GPUS][MAX_MIG];
     unsigned int nprocs;
     struct fake_proc procs[MAX_PROCS];
 };
 
-typedef struct fake_gpu *nvmlDevice_t;
+/* Opaque to callers: a pointer into g_state.gpus or g_state.migs (see resolve_locked). */
+typedef void *nvmlDevice_t;
 
 /* One lock for reloads and reads: a reload rewrites the slots other threads read. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -275,12 +322,33 @@ static void parse_gpu(char *rest) {
     g_state.gpus[g.index] = g; /* a repeated index: the last line wins */
 }
 
+static void parse_mig(char *rest) {
+    char *tok[10];
+    for (int i = 0; i < 10; i++)
+        if ((tok[i] = next_token(&rest)) == NULL) return;
+    if (next_token(&rest) != NULL) return;
+    struct fake_mig m;
+    memset(&m, 0, sizeof m);
+    if (!parse_u32(tok[0], &m.gpu) || m.gpu >= MAX_GPUS) return;
+    if (!parse_u32(tok[1], &m.index) || m.index >= MAX_MIG) return;
+    if (!copy_str(m.uuid, sizeof m.uuid, tok[2])) return;
+    if (!parse_u32(tok[3], &m.gi) || !parse_u32(tok[4], &m.ci)) return;
+    if (!parse_u32(tok[5], &m.gi_slices) || !parse_u32(tok[6], &m.ci_slices)) return;
+    if (!parse_u64(tok[7], &m.mem_total) || !parse_u64(tok[8], &m.mem_used)) return;
+    if (!copy_str(m.profile, sizeof m.profile, tok[9])) return;
+    m.present = 1;
+    g_state.migs[m.gpu][m.index] = m; /* a repeated slot: the last line wins */
+}
+
 static void parse_proc(char *rest) {
     char *t_gpu = next_token(&rest), *t_pid = next_token(&rest), *t_mem = next_token(&rest);
+    char *t_mig = next_token(&rest);
     if (t_mem == NULL || next_token(&rest) != NULL) return;
     struct fake_proc p;
     if (!parse_u32(t_gpu, &p.gpu) || p.gpu >= MAX_GPUS) return;
     if (!parse_u32(t_pid, &p.pid) || !parse_u64(t_mem, &p.used)) return;
+    p.mig = NO_MIG;
+    if (t_mig != NULL && (!parse_u32(t_mig, &p.mig) || p.mig >= MAX_MIG)) return;
     if (g_state.nprocs >= MAX_PROCS) return;
     g_state.procs[g_state.nprocs++] = p;
 }
@@ -293,6 +361,8 @@ static void parse_line(char *line) {
         parse_gpu(rest);
     } else if (strcmp(kw, "proc") == 0) {
         parse_proc(rest);
+    } else if (strcmp(kw, "mig") == 0) {
+        parse_mig(rest);
     } else if (strcmp(kw, "driver") == 0) {
         char *v = next_token(&rest);
         if (v != NULL && next_token(&rest) == NULL)
@@ -315,6 +385,23 @@ static void parse_line(char *line) {
     }
 }
 
+/* MIG devices exist only under a present GPU in MIG mode; NVML names them after it. */
+static void settle_migs_locked(void) {
+    for (unsigned int i = 0; i < MAX_GPUS; i++) {
+        const struct fake_gpu *g = &g_state.gpus[i];
+        for (unsigned int j = 0; j < MAX_MIG; j++) {
+            struct fake_mig *m = &g_state.migs[i][j];
+            if (!m->present) continue;
+            if (!g->present || !g->mig) {
+                m->present = 0;
+                continue;
+            }
+            int n = snprintf(m->name, sizeof m->name, "%s MIG %s", g->name, m->profile);
+            if (n < 0 || (size_t)n >= sizeof m->name) m->present = 0; /* would not fit */
+        }
+    }
+}
+
 /* Caller holds g_lock. getenv on every reload: the harness may repoint the variable. */
 static void reload_locked(void) {
     memset(&g_state, 0, sizeof g_state);
@@ -330,6 +417,7 @@ static void reload_locked(void) {
     fclose(f);
     for (unsigned int i = 0; i < MAX_GPUS; i++)
         if (g_state.gpus[i].present) g_state.gpu_count = i + 1;
+    settle_migs_locked();
 }
 
 /* ---- helpers shared by the entry points ---- */
@@ -347,20 +435,52 @@ static nvmlReturn_t copy_out(char *dst, unsigned int length, const char *src) {
     return NVML_SUCCESS;
 }
 
+/* The slot a handle points at: a GPU (*mig NULL) or a MIG device and its parent. Caller
+ * holds g_lock. A handle to an empty slot, or to a MIG device whose parent left MIG mode,
+ * is invalid. */
+static nvmlReturn_t resolve_locked(nvmlDevice_t device, struct fake_gpu **gpu,
+                                   struct fake_mig **mig) {
+    uintptr_t p = (uintptr_t)device;
+    uintptr_t gpus = (uintptr_t)g_state.gpus, migs = (uintptr_t)g_state.migs;
+    if (p >= gpus && p < gpus + sizeof g_state.gpus) {
+        if ((p - gpus) % sizeof(struct fake_gpu) != 0) return NVML_ERROR_INVALID_ARGUMENT;
+        *gpu = (struct fake_gpu *)device;
+        *mig = NULL;
+        return (*gpu)->present ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (p >= migs && p < migs + sizeof g_state.migs) {
+        if ((p - migs) % sizeof(struct fake_mig) != 0) return NVML_ERROR_INVALID_ARGUMENT;
+        *mig = (struct fake_mig *)device;
+        if (!(*mig)->present) return NVML_ERROR_INVALID_ARGUMENT;
+        *gpu = &g_state.gpus[(*mig)->gpu];
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
 /*
- * Locks, then validates the handle. On success returns with g_lock held and *gpu set; the
- * caller must release it via unlock_with(). On failure the lock is already released.
- * need_alive: the query needs the GPU on the bus (a lost GPU answers GPU_IS_LOST).
+ * Locks, then validates a GPU or MIG handle. On success returns with g_lock held, *gpu set
+ * (for a MIG handle: its parent) and *mig set (NULL for a GPU handle); the caller must
+ * release it via unlock_with(). On failure the lock is already released.
+ * need_alive: the query needs the GPU on the bus (a lost GPU, and its MIG devices, answer
+ * GPU_IS_LOST).
  */
-static nvmlReturn_t enter_device(nvmlDevice_t device, struct fake_gpu **gpu, int need_alive) {
+static nvmlReturn_t enter_any(nvmlDevice_t device, struct fake_gpu **gpu, struct fake_mig **mig,
+                              int need_alive) {
     pthread_mutex_lock(&g_lock);
     if (g_init_count == 0) return unlock_with(NVML_ERROR_UNINITIALIZED);
-    uintptr_t p = (uintptr_t)device, base = (uintptr_t)g_state.gpus;
-    if (p < base || p >= base + sizeof g_state.gpus || (p - base) % sizeof(struct fake_gpu) != 0)
-        return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
-    if (!device->present) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
-    if (need_alive && device->lost) return unlock_with(NVML_ERROR_GPU_IS_LOST);
-    *gpu = device;
+    nvmlReturn_t rc = resolve_locked(device, gpu, mig);
+    if (rc != NVML_SUCCESS) return unlock_with(rc);
+    if (need_alive && (*gpu)->lost) return unlock_with(NVML_ERROR_GPU_IS_LOST);
+    return NVML_SUCCESS;
+}
+
+/* enter_any for queries the fake answers per GPU only: a MIG handle is NOT_SUPPORTED. */
+static nvmlReturn_t enter_device(nvmlDevice_t device, struct fake_gpu **gpu, int need_alive) {
+    struct fake_mig *mig;
+    nvmlReturn_t rc = enter_any(device, gpu, &mig, need_alive);
+    if (rc != NVML_SUCCESS) return rc;
+    if (mig != NULL) return unlock_with(NVML_ERROR_NOT_SUPPORTED);
     return NVML_SUCCESS;
 }
 
@@ -504,6 +624,12 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
             *device = &g_state.gpus[i];
             return unlock_with(NVML_SUCCESS);
         }
+        for (unsigned int j = 0; j < MAX_MIG; j++) { /* a MIG UUID gives its MIG handle */
+            if (g_state.migs[i][j].present && strcmp(g_state.migs[i][j].uuid, uuid) == 0) {
+                *device = &g_state.migs[i][j];
+                return unlock_with(NVML_SUCCESS);
+            }
+        }
     }
     return unlock_with(NVML_ERROR_NOT_FOUND);
 }
@@ -536,24 +662,28 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *id, nvmlDevic
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     struct fake_gpu *g;
-    nvmlReturn_t rc = enter_device(device, &g, 0);
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_any(device, &g, &m, 0);
     if (rc != NVML_SUCCESS) return rc;
-    return unlock_with(copy_out(uuid, length, g->uuid));
+    return unlock_with(copy_out(uuid, length, m != NULL ? m->uuid : g->uuid));
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     struct fake_gpu *g;
-    nvmlReturn_t rc = enter_device(device, &g, 0);
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_any(device, &g, &m, 0);
     if (rc != NVML_SUCCESS) return rc;
-    return unlock_with(copy_out(name, length, g->name));
+    return unlock_with(copy_out(name, length, m != NULL ? m->name : g->name));
 }
 
+/* On a MIG handle: its MIG device index, which nvmlDeviceGetMigDeviceHandleByIndex takes. */
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     struct fake_gpu *g;
-    nvmlReturn_t rc = enter_device(device, &g, 0);
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_any(device, &g, &m, 0);
     if (rc != NVML_SUCCESS) return rc;
     if (index == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
-    *index = g->index;
+    *index = m != NULL ? m->index : g->index;
     return unlock_with(NVML_SUCCESS);
 }
 
@@ -606,14 +736,24 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device,
 
 /* ---- live queries: a lost GPU answers GPU_IS_LOST ---- */
 
+/* A GPU's memory, or a MIG device's (its GPU instance's share). */
+static void memory_of(const struct fake_gpu *g, const struct fake_mig *m,
+                      unsigned long long *total, unsigned long long *used) {
+    *total = m != NULL ? m->mem_total : g->mem_total;
+    *used = m != NULL ? m->mem_used : g->mem_used;
+}
+
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     struct fake_gpu *g;
-    nvmlReturn_t rc = enter_device(device, &g, 1);
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_any(device, &g, &m, 1);
     if (rc != NVML_SUCCESS) return rc;
     if (memory == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
-    memory->total = g->mem_total;
-    memory->used = g->mem_used;
-    memory->free = g->mem_used < g->mem_total ? g->mem_total - g->mem_used : 0;
+    unsigned long long total, used;
+    memory_of(g, m, &total, &used);
+    memory->total = total;
+    memory->used = used;
+    memory->free = used < total ? total - used : 0;
     return unlock_with(NVML_SUCCESS);
 }
 
@@ -621,25 +761,30 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
 /* reserved is reported as 0, so v1 and v2 agree on used and free. */
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     struct fake_gpu *g;
-    nvmlReturn_t rc = enter_device(device, &g, 1);
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_any(device, &g, &m, 1);
     if (rc != NVML_SUCCESS) return rc;
     if (memory == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != MEMORY_V2_VERSION)
         return unlock_with(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-    memory->total = g->mem_total;
+    unsigned long long total, used;
+    memory_of(g, m, &total, &used);
+    memory->total = total;
     memory->reserved = 0;
-    memory->used = g->mem_used;
-    memory->free = g->mem_used < g->mem_total ? g->mem_total - g->mem_used : 0;
+    memory->used = used;
+    memory->free = used < total ? total - used : 0;
     return unlock_with(NVML_SUCCESS);
 }
 #endif
 
+/* NVML has no utilization for a MIG device, nor for a GPU in MIG mode. */
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
                                                        nvmlUtilization_t *utilization) {
     struct fake_gpu *g;
     nvmlReturn_t rc = enter_device(device, &g, 1);
     if (rc != NVML_SUCCESS) return rc;
     if (utilization == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    if (g->mig) return unlock_with(NVML_ERROR_NOT_SUPPORTED);
     utilization->gpu = g->util_gpu;
     utilization->memory = g->util_mem;
     return unlock_with(NVML_SUCCESS);
@@ -656,33 +801,98 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int 
     return unlock_with(NVML_SUCCESS);
 }
 
-/* MIG instances are not simulated: a MIG-enabled GPU reports zero MIG devices. */
+/* How many MIG devices can exist under the GPU: 0 when MIG mode is off. */
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
     struct fake_gpu *g;
     nvmlReturn_t rc = enter_device(device, &g, 1);
     if (rc != NVML_SUCCESS) return rc;
     if (count == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
-    *count = 0;
+    *count = g->mig ? MAX_MIG : 0;
     return unlock_with(NVML_SUCCESS);
 }
 
+/* Slots may be empty (MIG device indices need not be dense): NOT_FOUND there. */
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device,
                                                              unsigned int index,
                                                              nvmlDevice_t *mig) {
     struct fake_gpu *g;
-    (void)index;
     nvmlReturn_t rc = enter_device(device, &g, 1);
     if (rc != NVML_SUCCESS) return rc;
-    if (mig == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
-    return unlock_with(NVML_ERROR_NOT_FOUND);
+    if (mig == NULL || index >= MAX_MIG) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    struct fake_mig *m = &g_state.migs[g->index][index];
+    if (!g->mig || !m->present) return unlock_with(NVML_ERROR_NOT_FOUND);
+    *mig = m;
+    return unlock_with(NVML_SUCCESS);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig) {
     struct fake_gpu *g;
-    nvmlReturn_t rc = enter_device(device, &g, 0);
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_any(device, &g, &m, 0);
     if (rc != NVML_SUCCESS) return rc;
     if (is_mig == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
-    *is_mig = 0;
+    *is_mig = m != NULL;
+    return unlock_with(NVML_SUCCESS);
+}
+
+/* Queries that only a MIG handle answers: a GPU handle is NOT_SUPPORTED. */
+static nvmlReturn_t enter_mig(nvmlDevice_t device, struct fake_mig **mig, void *out) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_any(device, &g, mig, 0);
+    if (rc != NVML_SUCCESS) return rc;
+    if (out == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    if (*mig == NULL) return unlock_with(NVML_ERROR_NOT_SUPPORTED);
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_mig(device, &m, id);
+    if (rc != NVML_SUCCESS) return rc;
+    *id = m->gi;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_mig(device, &m, id);
+    if (rc != NVML_SUCCESS) return rc;
+    *id = m->ci;
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig_device,
+                                                                      nvmlDevice_t *device) {
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_mig(mig_device, &m, device);
+    if (rc != NVML_SUCCESS) return rc;
+    *device = &g_state.gpus[m->gpu];
+    return unlock_with(NVML_SUCCESS);
+}
+
+/* SMs per compute slice count, as on an H100 SXM (132 SMs whole). */
+static unsigned int multiprocessors(unsigned int ci_slices) {
+    switch (ci_slices) {
+    case 1: return 16;
+    case 2: return 32;
+    case 3: return 60;
+    case 4: return 64;
+    case 7: return 132;
+    default: return 16u * ci_slices;
+    }
+}
+
+/* A MIG device's profile: what nvidia-smi and the device plugin derive its name from. */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
+                                                    nvmlDeviceAttributes_t *attributes) {
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_mig(device, &m, attributes);
+    if (rc != NVML_SUCCESS) return rc;
+    memset(attributes, 0, sizeof *attributes);
+    attributes->multiprocessorCount = multiprocessors(m->ci_slices);
+    attributes->gpuInstanceSliceCount = m->gi_slices;
+    attributes->computeInstanceSliceCount = m->ci_slices;
+    attributes->memorySizeMB = m->mem_total / MIB;
     return unlock_with(NVML_SUCCESS);
 }
 
@@ -732,16 +942,31 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int senso
  */
 enum proc_layout { LAYOUT_V1, LAYOUT_V2 };
 
+/* Whether the handle lists the process: a GPU handle all of the GPU's (the aggregate), a
+ * MIG handle those on its MIG device. */
+static int lists(const struct fake_gpu *g, const struct fake_mig *m, const struct fake_proc *p) {
+    if (p->gpu != g->index) return 0;
+    return m == NULL || p->mig == m->index;
+}
+
+/* The process's GPU and compute instance, from the MIG device it runs on. */
+static void instance_of(const struct fake_proc *p, unsigned int *gi, unsigned int *ci) {
+    const struct fake_mig *m = p->mig < MAX_MIG ? &g_state.migs[p->gpu][p->mig] : NULL;
+    *gi = m != NULL && m->present ? m->gi : NOT_IN_INSTANCE;
+    *ci = m != NULL && m->present ? m->ci : NOT_IN_INSTANCE;
+}
+
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, void *infos,
                                       enum proc_layout layout, int graphics) {
     struct fake_gpu *g;
-    nvmlReturn_t rc = enter_device(device, &g, 1);
+    struct fake_mig *m;
+    nvmlReturn_t rc = enter_any(device, &g, &m, 1);
     if (rc != NVML_SUCCESS) return rc;
     if (count == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
     unsigned int needed = 0;
     if (!graphics)
         for (unsigned int i = 0; i < g_state.nprocs; i++)
-            if (g_state.procs[i].gpu == g->index) needed++;
+            if (lists(g, m, &g_state.procs[i])) needed++;
     unsigned int capacity = *count;
     *count = needed;
     if (needed == 0) return unlock_with(NVML_SUCCESS);
@@ -749,7 +974,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, 
     unsigned int out = 0;
     for (unsigned int i = 0; i < g_state.nprocs; i++) {
         const struct fake_proc *p = &g_state.procs[i];
-        if (p->gpu != g->index) continue;
+        if (!lists(g, m, p)) continue;
         if (layout == LAYOUT_V1) {
             nvmlProcessInfo_v1_t *dst = (nvmlProcessInfo_v1_t *)infos + out;
             memset(dst, 0, sizeof *dst);
@@ -760,8 +985,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, 
             memset(dst, 0, sizeof *dst);
             dst->pid = p->pid;
             dst->usedGpuMemory = p->used;
-            dst->gpuInstanceId = NOT_IN_INSTANCE;
-            dst->computeInstanceId = NOT_IN_INSTANCE;
+            instance_of(p, &dst->gpuInstanceId, &dst->computeInstanceId);
         }
         out++;
     }

@@ -10,9 +10,11 @@ It reads its devices from a plain-text file named by ``$GPULEDGER_FAKE_NVML_STAT
     hang_ms <milliseconds>             # optional; nvmlDeviceGetCount* sleeps this long first
     gpu <index> <uuid> <pci_bus_id> <memory_total_bytes> <memory_used_bytes> \\
         <util_gpu_pct> <util_memory_pct> <mig_mode 0|1> <ok|lost> <name... to end of line>
-    proc <gpu_index> <pid> <used_memory_bytes>
+    mig <gpu_index> <mig_index> <uuid> <gpu_instance_id> <compute_instance_id> \\
+        <gpu_instance_slices> <compute_instance_slices> <memory_total> <memory_used> <profile>
+    proc <gpu_index> <pid> <used_memory_bytes> [<mig_index>]
 
-(one ``gpu`` record per line; the backslash above is only for width). Fields are separated
+(one record per line; the backslashes above are only for width). Fields are separated
 by whitespace, a line whose first field starts with ``#`` is a comment, and blank lines and
 lines that do not parse are ignored. Up to 64 GPUs (indices 0-63) and 4096 processes.
 
@@ -28,7 +30,14 @@ Behaviour worth knowing:
   queries fail with ``NVML_ERROR_GPU_IS_LOST`` (15).
 * PCI bus ids come back in NVML's spelling: upper-case hex, 8-digit domain.
 * Memory v2 reports ``reserved`` = 0, so v1 and v2 agree on used and free.
-* MIG mode is only a flag: no MIG devices are simulated (max MIG device count is 0).
+* MIG: a ``mig`` record is a MIG device of a GPU in MIG mode (up to 7 per GPU, indices
+  0-6; a record under a GPU without MIG mode is ignored). Its handle answers UUID, name
+  (``<parent name> MIG <profile>``), index, GPU/compute instance ids, parent handle,
+  attributes (slice counts, memory size), memory and its processes; utilization is
+  ``NOT_SUPPORTED`` there and on a GPU in MIG mode, as with real NVML. A ``proc`` record
+  with a MIG index runs on that MIG device: the parent's process list (NVML's aggregate)
+  carries its GPU/compute instance ids. The GPU's own memory is what the state says; the
+  harness sums the instances into it.
 
 Load it the way gpuledger's NVML source does::
 
@@ -56,6 +65,7 @@ __all__ = [
     "STATE_ENV",
     "VARIANTS",
     "FakeGpu",
+    "FakeMig",
     "FakeNvmlBuildError",
     "FakeNvmlState",
     "FakeProcess",
@@ -92,6 +102,8 @@ _COMPILE_TIMEOUT_S = 120
 # here turns what the library would silently skip into an error at the harness.
 _MAX_GPUS = 64
 _MAX_PROCESSES = 4096
+_MAX_MIG = 7
+_PROFILE_MAX_BYTES = 31
 _NAME_MAX_BYTES = 95
 _UUID_MAX_BYTES = 95
 _BUS_ID_MAX_BYTES = 31
@@ -120,12 +132,30 @@ class FakeGpu:
 
 
 @dataclass(frozen=True)
+class FakeMig:
+    """One MIG device (a compute instance) of the GPU at ``gpu_index``, in MIG mode."""
+
+    gpu_index: int
+    index: int  # the MIG device index under its parent (0-6)
+    uuid: str
+    profile: str  # e.g. 1g.10gb, 1c.3g.40gb
+    gpu_instance_id: int
+    compute_instance_id: int
+    gpu_slices: int
+    compute_slices: int
+    memory_total: int
+    memory_used: int
+
+
+@dataclass(frozen=True)
 class FakeProcess:
-    """A compute process as NVML lists it: host PID and its memory on one GPU."""
+    """A compute process as NVML lists it: host PID and its memory on one GPU, on the
+    MIG device ``mig_index`` of it when set."""
 
     gpu_index: int
     pid: int
     used_memory: int
+    mig_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +169,7 @@ class FakeNvmlState:
 
     gpus: tuple[FakeGpu, ...] = ()
     processes: tuple[FakeProcess, ...] = ()
+    migs: tuple[FakeMig, ...] = ()
     driver_version: str = "550.54.15"
     init_error: int = 0
     query_error: int = 0
@@ -304,12 +335,57 @@ def _render_gpu(gpu: FakeGpu) -> str:
     )
 
 
+def _render_mig(mig: FakeMig, names: dict[int, str]) -> str:
+    where = f"mig {mig.uuid!r}"
+    _check_int(f"{where}: gpu_index", mig.gpu_index, 0, _MAX_GPUS - 1)
+    _check_int(f"{where}: index", mig.index, 0, _MAX_MIG - 1)
+    _check_token(f"{where}: uuid", mig.uuid, _UUID_MAX_BYTES)
+    _check_token(f"{where}: profile", mig.profile, _PROFILE_MAX_BYTES)
+    for what in ("gpu_instance_id", "compute_instance_id", "gpu_slices", "compute_slices"):
+        _check_int(f"{where}: {what}", getattr(mig, what), 0, _U32_MAX)
+    _check_int(f"{where}: memory_total", mig.memory_total, 0, _U64_MAX)
+    _check_int(f"{where}: memory_used", mig.memory_used, 0, _U64_MAX)
+    # The library names it "<parent name> MIG <profile>" and drops it when that is too long.
+    name = f"{names.get(mig.gpu_index, '')} MIG {mig.profile}"
+    if len(name.encode()) > _NAME_MAX_BYTES:
+        raise ValueError(f"{where}: name longer than {_NAME_MAX_BYTES} bytes: {name!r}")
+    return (
+        f"mig {mig.gpu_index} {mig.index} {mig.uuid} {mig.gpu_instance_id} "
+        f"{mig.compute_instance_id} {mig.gpu_slices} {mig.compute_slices} "
+        f"{mig.memory_total} {mig.memory_used} {mig.profile}"
+    )
+
+
 def _render_process(proc: FakeProcess) -> str:
     where = f"process {proc.pid!r}"
     _check_int(f"{where}: gpu_index", proc.gpu_index, 0, _MAX_GPUS - 1)
     _check_int(f"{where}: pid", proc.pid, 1, _U32_MAX)
     _check_int(f"{where}: used_memory", proc.used_memory, 0, _U64_MAX)
-    return f"proc {proc.gpu_index} {proc.pid} {proc.used_memory}"
+    line = f"proc {proc.gpu_index} {proc.pid} {proc.used_memory}"
+    if proc.mig_index is None:
+        return line
+    _check_int(f"{where}: mig_index", proc.mig_index, 0, _MAX_MIG - 1)
+    return f"{line} {proc.mig_index}"
+
+
+def _check_migs(state: FakeNvmlState) -> None:
+    """MIG devices sit in distinct slots of GPUs in MIG mode, with distinct UUIDs."""
+    in_mig_mode = {g.index for g in state.gpus if g.mig_mode}
+    slots = [(m.gpu_index, m.index) for m in state.migs]
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"duplicate MIG device slots (gpu_index, index): {sorted(slots)}")
+    # GPUs may repeat a UUID (a faulty driver, for tests); MIG devices may not.
+    uuids = [m.uuid for m in state.migs]
+    if len(set(uuids)) != len(uuids) or set(uuids) & {g.uuid for g in state.gpus}:
+        raise ValueError("MIG device UUIDs must be unique and differ from GPU UUIDs")
+    for mig in state.migs:
+        if mig.gpu_index not in in_mig_mode:
+            raise ValueError(f"mig {mig.uuid!r}: GPU {mig.gpu_index} is not in MIG mode")
+    for proc in state.processes:
+        if proc.mig_index is not None and (proc.gpu_index, proc.mig_index) not in slots:
+            raise ValueError(
+                f"process {proc.pid}: no MIG device {proc.mig_index} on GPU {proc.gpu_index}"
+            )
 
 
 def render_state(state: FakeNvmlState) -> str:
@@ -334,6 +410,9 @@ def render_state(state: FakeNvmlState) -> str:
     if state.hang_ms:
         lines.append(f"hang_ms {state.hang_ms}")
     lines.extend(_render_gpu(g) for g in state.gpus)
+    _check_migs(state)
+    names = {g.index: g.name for g in state.gpus}
+    lines.extend(_render_mig(m, names) for m in state.migs)
     lines.extend(_render_process(p) for p in state.processes)
     return "\n".join(lines) + "\n"
 

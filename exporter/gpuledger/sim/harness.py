@@ -27,6 +27,7 @@ from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sim.fake_nvml import (
     STATE_ENV,
     FakeGpu,
+    FakeMig,
     FakeNvmlState,
     FakeProcess,
     build_fake_nvml,
@@ -40,19 +41,37 @@ from gpuledger.sim.fake_ray import (
     ray_id,
 )
 from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
-from gpuledger.sim.scenario import Scenario, SimPod, SimProcess, SimVllm
+from gpuledger.sim.scenario import (
+    Scenario,
+    SimGpu,
+    SimMig,
+    SimPod,
+    SimProcess,
+    SimVllm,
+    mig_devices,
+)
 
 _COMM_LIMIT = 15  # the kernel cuts comm to 15 bytes; titles live in cmdline
 
 
 def nvml_state(scenario: Scenario) -> FakeNvmlState:
     by_uuid = {g.uuid: g for g in scenario.gpus}
+    migs = mig_devices(scenario.gpus)
     used = {g.uuid: g.memory_reserved for g in scenario.gpus}
+    on_mig: dict[str, int] = dict.fromkeys(migs, 0)
     processes = []
     for proc in scenario.processes:
         for uuid, size in proc.gpu_memory.items():
-            used[uuid] += size
-            processes.append(FakeProcess(by_uuid[uuid].index, proc.pid, size))
+            if uuid in migs:
+                gpu, mig = migs[uuid]
+                on_mig[uuid] += size
+                processes.append(FakeProcess(gpu.index, proc.pid, size, mig.index))
+            else:
+                used[uuid] += size
+                processes.append(FakeProcess(by_uuid[uuid].index, proc.pid, size))
+    fake_migs = tuple(_fake_mig(gpu, mig, on_mig[uuid]) for uuid, (gpu, mig) in migs.items())
+    for fake, (gpu, _mig) in zip(fake_migs, migs.values(), strict=True):
+        used[gpu.uuid] += fake.memory_used  # the GPU's memory holds its instances'
     gpus = tuple(
         FakeGpu(
             index=g.index,
@@ -71,8 +90,26 @@ def nvml_state(scenario: Scenario) -> FakeNvmlState:
     return FakeNvmlState(
         gpus=gpus,
         processes=tuple(processes),
+        migs=fake_migs,
         driver_version=scenario.nvml.driver_version,
         init_error=scenario.nvml.init_error,
+    )
+
+
+def _fake_mig(gpu: SimGpu, mig: SimMig, processes_bytes: int) -> FakeMig:
+    gpu_slices, compute_slices = mig.slices
+    used = processes_bytes if mig.memory_used is None else mig.memory_used
+    return FakeMig(
+        gpu_index=gpu.index,
+        index=mig.index,
+        uuid=mig.uuid,
+        profile=mig.profile,
+        gpu_instance_id=mig.gpu_instance_id,
+        compute_instance_id=mig.compute_instance_id,
+        gpu_slices=gpu_slices,
+        compute_slices=compute_slices,
+        memory_total=mig.memory_total,
+        memory_used=min(used, mig.memory_total),
     )
 
 

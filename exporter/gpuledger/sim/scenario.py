@@ -41,6 +41,9 @@ MAX_DOCUMENT_NODES = 5_000_000
 _SHOW = reprlib.Repr()
 _SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring = 2, 3, 3, 40
 NVML_VARIANTS = ("no_v3", "no_memory_v2")
+# A MIG profile as NVML names it: [<compute slices>c.]<GPU slices>g.<memory>gb[+me…].
+MIG_PROFILE = re.compile(r"(?:([1-7])c\.)?([1-8])g\.([0-9]{1,4})gb(?:[+-][a-z]+)*")
+MAX_MIG_DEVICES = 7  # per GPU, as on A100, H100 and H200
 
 
 class ScenarioError(ValueError):
@@ -77,6 +80,18 @@ GPU_KEYS = frozenset(
         "utilization",
         "mig_mode",
         "lost",
+        "mig",
+    }
+)
+MIG_KEYS = frozenset(
+    {
+        "uuid",
+        "profile",
+        "index",
+        "gpu_instance_id",
+        "compute_instance_id",
+        "memory_total",
+        "memory_used",
     }
 )
 PROCESS_KEYS = frozenset({"pid", "ppid", "nspid", "cmdline", "cgroup", "environ", "gpu_memory"})
@@ -148,6 +163,7 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
     "(top level)": TOP_KEYS,
     "nvml": NVML_KEYS,
     "gpus[]": GPU_KEYS,
+    "gpus[].mig[]": MIG_KEYS,
     "processes[]": PROCESS_KEYS,
     "kubernetes": KUBERNETES_KEYS,
     "kubernetes.pods[]": POD_KEYS,
@@ -171,6 +187,26 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
 
 
 @dataclass(frozen=True)
+class SimMig:
+    """A MIG device (one compute instance) of a GPU in MIG mode."""
+
+    uuid: str
+    profile: str  # e.g. 1g.10gb, 3g.40gb, 1c.3g.40gb, 1g.10gb+me
+    index: int  # the MIG device index under its GPU
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_total: int
+    memory_used: int | None = None  # None: its processes' memory summed
+
+    @property
+    def slices(self) -> tuple[int, int]:
+        """(GPU instance slices, compute instance slices) of the profile."""
+        m = MIG_PROFILE.fullmatch(self.profile)
+        assert m is not None  # checked when parsed
+        return int(m.group(2)), int(m.group(1) or m.group(2))
+
+
+@dataclass(frozen=True)
 class SimGpu:
     uuid: str
     index: int
@@ -181,6 +217,7 @@ class SimGpu:
     utilization: float = 0.0
     mig_mode: bool = False
     lost: bool = False
+    mig: tuple[SimMig, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -439,6 +476,41 @@ def _default_bus_id(index: int) -> str:
     return f"{index // 14:08X}:{0x18 + (index % 14) * 0x10:02X}:00.0"
 
 
+def _mig(doc: object, at: _Path, position: int) -> SimMig:
+    d = _mapping(doc, at)
+    _check_keys(d, MIG_KEYS, at)
+    uuid = _str(d.get("uuid"), at / "uuid", "a MIG device UUID like MIG-6f2d…")
+    if not uuid.startswith("MIG-") or " " in uuid:
+        raise (at / "uuid").fail("a MIG device UUID starting with MIG-", uuid)
+    profile = _str(d.get("profile"), at / "profile", "a MIG profile like 1g.10gb")
+    m = MIG_PROFILE.fullmatch(profile)
+    if m is None or int(m.group(1) or m.group(2)) > int(m.group(2)):
+        raise (at / "profile").fail("a MIG profile like 1g.10gb, 3g.40gb or 1c.3g.40gb", profile)
+    index = _int(d.get("index", position), at / "index")
+    if index >= MAX_MIG_DEVICES:
+        raise (at / "index").fail(f"a MIG device index below {MAX_MIG_DEVICES}", index)
+    used = d.get("memory_used")
+    return SimMig(
+        uuid=uuid,
+        profile=profile,
+        index=index,
+        gpu_instance_id=_int(d.get("gpu_instance_id", index + 1), at / "gpu_instance_id"),
+        compute_instance_id=_int(d.get("compute_instance_id", 0), at / "compute_instance_id"),
+        # The profile's size in GiB by default: NVML rounds the instance's memory to it.
+        memory_total=parse_size(d.get("memory_total", f"{m.group(3)}GiB"), at / "memory_total"),
+        memory_used=None if used is None else parse_size(used, at / "memory_used"),
+    )
+
+
+def _migs(value: object, at: _Path) -> tuple[SimMig, ...]:
+    migs = tuple(_mig(m, at / i, i) for i, m in enumerate(_list(value, at)))
+    if len(migs) > MAX_MIG_DEVICES:
+        raise at.fail(f"at most {MAX_MIG_DEVICES} MIG devices", len(migs))
+    _unique([m.index for m in migs], at, "MIG device indices")
+    _unique([(m.gpu_instance_id, m.compute_instance_id) for m in migs], at, "instance ids")
+    return migs
+
+
 def _gpu(doc: object, at: _Path, position: int) -> SimGpu:
     d = _mapping(doc, at)
     _check_keys(d, GPU_KEYS, at)
@@ -446,6 +518,11 @@ def _gpu(doc: object, at: _Path, position: int) -> SimGpu:
     if not uuid.startswith(("GPU-", "MIG-")) or " " in uuid:
         raise (at / "uuid").fail("a GPU UUID starting with GPU- or MIG-", uuid)
     index = _int(d.get("index", position), at / "index")
+    migs = _migs(d.get("mig"), at / "mig")
+    # MIG devices exist only in MIG mode, which they imply unless it is said otherwise.
+    mig_mode = _bool(d.get("mig_mode", bool(migs)), at / "mig_mode")
+    if migs and not mig_mode:
+        raise (at / "mig").fail("no MIG devices on a GPU with mig_mode: false", "mig")
     return SimGpu(
         uuid=uuid,
         index=index,
@@ -454,19 +531,39 @@ def _gpu(doc: object, at: _Path, position: int) -> SimGpu:
         memory_total=parse_size(d.get("memory_total", "80GiB"), at / "memory_total"),
         memory_reserved=parse_size(d.get("memory_reserved", 0), at / "memory_reserved"),
         utilization=_ratio(d.get("utilization", 0.0), at / "utilization"),
-        mig_mode=_bool(d.get("mig_mode", False), at / "mig_mode"),
+        mig_mode=mig_mode,
         lost=_bool(d.get("lost", False), at / "lost"),
+        mig=migs,
     )
+
+
+def _gpu_doc(gpu: SimGpu) -> dict[str, Any]:
+    """A parsed GPU as a document again, for a phase's patch to merge into."""
+    doc: dict[str, Any] = {k: v for k, v in gpu.__dict__.items() if k != "mig"}
+    doc["mig"] = [
+        {k: v for k, v in m.__dict__.items() if v is not None or k != "memory_used"}
+        for m in gpu.mig
+    ]
+    return doc
+
+
+def mig_devices(gpus: tuple[SimGpu, ...]) -> dict[str, tuple[SimGpu, SimMig]]:
+    """MIG device UUID -> (its GPU, the device)."""
+    return {m.uuid: (g, m) for g in gpus for m in g.mig}
 
 
 def _gpu_memory(value: object, at: _Path, gpus: tuple[SimGpu, ...]) -> dict[str, int]:
     by_index = {str(g.index): g.uuid for g in gpus}
-    known = {g.uuid for g in gpus}
+    # On a GPU in MIG mode processes run on its MIG devices, which they name instead.
+    known = {g.uuid for g in gpus if not g.mig_mode} | set(mig_devices(gpus))
     out: dict[str, int] = {}
     for key, size in _mapping(value or {}, at).items():
         uuid = by_index.get(str(key), str(key))
         if uuid not in known:
-            raise (at / str(key)).fail("the UUID or index of a GPU listed under gpus", key)
+            raise (at / str(key)).fail(
+                "the UUID or index of a GPU under gpus without MIG mode, or a MIG device UUID",
+                key,
+            )
         out[uuid] = parse_size(size, at / str(key))
     return out
 
@@ -754,13 +851,16 @@ def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
     d = _mapping(doc, at)
     _check_keys(d, PHASE_KEYS, at)
     gpu_patches: dict[str, Mapping[str, Any]] = {}
-    known = {g.uuid for g in gpus}
+    known = {g.uuid: g for g in gpus}
     for gpu_uuid, patch in _mapping(d.get("gpus") or {}, at / "gpus").items():
         where = at / "gpus" / str(gpu_uuid)
         if gpu_uuid not in known:
             raise where.fail("the UUID of a GPU listed under gpus", gpu_uuid)
         patch_map = _mapping(patch, where)
         _check_keys(patch_map, GPU_PATCH_KEYS, where)
+        # Its values too (a MIG device's keys are nested): checked on the first state.
+        base = known[gpu_uuid]
+        _gpu({**_gpu_doc(base), **patch_map}, where, base.index)
         gpu_patches[gpu_uuid] = patch_map
     proc_patches = {
         _int(pid, at / "processes" / str(pid), 2): _patch(
@@ -813,7 +913,7 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
     gpus = []
     for gpu in state.gpus:
         patch = phase.gpus.get(gpu.uuid)
-        merged = {**gpu.__dict__, **patch} if patch else None
+        merged = {**_gpu_doc(gpu), **patch} if patch else None
         gpus.append(_gpu(merged, at / "gpus" / gpu.uuid, gpu.index) if merged else gpu)
     processes = []
     for proc in state.processes:
@@ -835,6 +935,7 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
         else:
             processes.append(proc)
     processes.extend(phase.add_processes)
+    _check_devices(processes, tuple(gpus), at / "processes")
     pods = state.pods
     if pods is not None and (phase.pods or phase.add_pods):
         patched = []
@@ -877,6 +978,7 @@ def parse_scenario(doc: object, source: str) -> Scenario:
         _gpu(g, at / "gpus" / i, i) for i, g in enumerate(_list(d.get("gpus"), at / "gpus"))
     )
     _unique([g.uuid for g in gpus], at / "gpus", "GPU UUIDs")
+    _unique([g.uuid for g in gpus] + list(mig_devices(gpus)), at / "gpus", "GPU and MIG UUIDs")
     _unique([g.index for g in gpus], at / "gpus", "GPU indices")
     processes = tuple(
         _process(p, at / "processes" / i, gpus)
@@ -925,6 +1027,19 @@ def parse_scenario(doc: object, source: str) -> Scenario:
         processes=processes,
         phases=phases,
     )
+
+
+def _check_devices(processes: list[SimProcess], gpus: tuple[SimGpu, ...], at: _Path) -> None:
+    """After a phase: every process's memory is on a device that is still there (a phase
+    may take a MIG device away, or turn MIG mode on, under a process it does not patch)."""
+    known = {g.uuid for g in gpus if not g.mig_mode} | set(mig_devices(gpus))
+    _unique([g.uuid for g in gpus] + list(mig_devices(gpus)), at, "GPU and MIG UUIDs")
+    for proc in processes:
+        for device in proc.gpu_memory:
+            if device not in known:
+                raise (at / str(proc.pid) / "gpu_memory").fail(
+                    "a GPU without MIG mode, or a MIG device, that is still there", device
+                )
 
 
 def _unique(values: list[Any], at: _Path, what: str) -> None:
