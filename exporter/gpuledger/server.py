@@ -156,7 +156,7 @@ LANDING = """<!doctype html>
 {banner}
 <ul>
 <li><a href="metrics">/metrics</a> &mdash; Prometheus exposition</li>
-<li><a href="ledger">/ledger</a> &mdash; this node's ledger, readable</li>
+<li><a href="ledger">/ledger</a> &mdash; {ledger_what}, readable</li>
 <li><a href="ledger.json">/ledger.json</a> &mdash; the same as JSON, for gpuledger explain</li>
 <li><a href="healthz">/healthz</a> &mdash; process alive</li>
 <li><a href="readyz">/readyz</a> &mdash; first snapshot taken</li>
@@ -226,6 +226,11 @@ def make_handler(
                     version=html.escape(__version__),
                     node=html.escape(node),
                     mode=html.escape(mode),
+                    ledger_what=(
+                        "every workload in the cluster, from every node agent"
+                        if mode == "cluster"
+                        else "this node's ledger"
+                    ),
                     banner=simulated_banner([{"node": node, "simulated": exporter.simulated}]),
                 )
                 self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
