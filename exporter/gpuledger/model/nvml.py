@@ -1,4 +1,5 @@
-"""NVML's view: the physical GPUs and the processes holding contexts on them."""
+"""NVML's view: the physical GPUs, their MIG devices, and the processes holding contexts
+on them."""
 
 from __future__ import annotations
 
@@ -16,8 +17,31 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance in a GPU instance) of a GPU in MIG mode.
+
+    Its processes are what NVML lists on its MIG handle. NVML reports no utilization for
+    a MIG device, so there is none here.
+    """
+
+    uuid: str  # MIG-…
+    parent_uuid: str  # the GPU it is part of
+    index: int  # MIG device index under the parent (nvmlDeviceGetMigDeviceHandleByIndex)
+    up: bool
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    profile: str = ""  # e.g. 1g.10gb, 1c.3g.40gb; "" when NVML names none
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    # Why `up` is False; bounded vocabulary.
+    error_reason: str | None = None
+
+
+@dataclass(frozen=True)
 class Gpu:
-    """One physical GPU (or MIG device) as NVML shows it."""
+    """One physical GPU as NVML shows it. In MIG mode, its processes are listed under its
+    MIG devices (`mig_devices`), where they run, and not here."""
 
     index: int
     uuid: str
@@ -31,6 +55,7 @@ class Gpu:
     processes: tuple[GpuProcess, ...] = ()
     # Why `up` is False, e.g. "gpu_is_lost"; bounded vocabulary.
     error_reason: str | None = None
+    mig_devices: tuple[MigDevice, ...] = ()  # in MIG device index order
 
 
 @dataclass(frozen=True)

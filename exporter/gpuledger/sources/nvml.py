@@ -15,7 +15,7 @@ from typing import Any
 import pynvml
 
 from gpuledger.model import Snapshots
-from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
+from gpuledger.model.nvml import NVML, Gpu, GpuProcess, MigDevice, NvmlSnapshot
 from gpuledger.sources.base import Source, SourceError
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,11 @@ class NvmlSource(Source[NvmlSnapshot]):
             total, used = _memory(handle)
             utilization = _utilization(handle)
             mig_mode = _mig_mode(handle)
-            processes = _processes(handle, total)
+            # In MIG mode processes run on MIG devices: each MIG handle lists its own
+            # (NVML's per-instance view, which needs no privilege the aggregate needs).
+            in_mig = mig_mode == "enabled"
+            processes = () if in_mig else _processes(handle, total)
+            migs = _mig_devices(handle, uuid) if in_mig else ()
         except pynvml.NVMLError as exc:
             return Gpu(index, uuid, name, pci_bus_id, up=False, error_reason=nvml_reason(exc))
         return Gpu(
@@ -131,6 +135,7 @@ class NvmlSource(Source[NvmlSnapshot]):
             memory_used_bytes=used,
             utilization_ratio=utilization,
             processes=processes,
+            mig_devices=migs,
         )
 
     def close(self) -> None:
@@ -167,6 +172,66 @@ def _mig_mode(handle: Any) -> str:
     except pynvml.NVMLError_NotSupported:
         return "unsupported"
     return "enabled" if current == pynvml.NVML_DEVICE_MIG_ENABLE else "disabled"
+
+
+def _mig_devices(parent: Any, parent_uuid: str) -> tuple[MigDevice, ...]:
+    """The GPU's MIG devices, by MIG device index. Handles are fetched every cycle: NVML
+    reuses them when instances are destroyed and made again."""
+    found = []
+    for index in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, index)
+        except pynvml.NVMLError_NotFound:
+            continue  # an empty slot: MIG device indices need not be dense
+        mig = _read_mig(handle, parent_uuid, index)
+        if mig is not None:
+            found.append(mig)
+    return tuple(found)
+
+
+def _read_mig(handle: Any, parent_uuid: str, index: int) -> MigDevice | None:
+    try:
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+    except pynvml.NVMLError as exc:
+        log.warning("MIG device %d of %s has no UUID: %s", index, parent_uuid, exc)
+        return None  # nothing to key its series by
+    try:
+        profile = _mig_profile(handle, _text(pynvml.nvmlDeviceGetName(handle)))
+        gpu_instance = int(pynvml.nvmlDeviceGetGpuInstanceId(handle))
+        compute_instance = int(pynvml.nvmlDeviceGetComputeInstanceId(handle))
+        total, used = _memory(handle)
+        processes = _processes(handle, total)
+    except pynvml.NVMLError as exc:
+        return MigDevice(uuid, parent_uuid, index, up=False, error_reason=nvml_reason(exc))
+    return MigDevice(
+        uuid=uuid,
+        parent_uuid=parent_uuid,
+        index=index,
+        up=True,
+        gpu_instance_id=gpu_instance,
+        compute_instance_id=compute_instance,
+        profile=profile,
+        memory_total_bytes=total,
+        memory_used_bytes=used,
+        processes=processes,
+    )
+
+
+def _mig_profile(handle: Any, name: str) -> str:
+    """The profile NVML names a MIG device by (`<GPU name> MIG 1g.10gb`); else built from
+    its attributes' slice counts and memory, as `[<c>c.]<g>g.<GiB rounded up>gb`."""
+    _, marker, profile = name.rpartition(" MIG ")
+    if marker and profile:
+        return profile
+    try:
+        attributes = pynvml.nvmlDeviceGetAttributes(handle)
+    except pynvml.NVMLError:
+        return ""
+    gpu_slices = int(attributes.gpuInstanceSliceCount)
+    compute_slices = int(attributes.computeInstanceSliceCount)
+    gib = -(-int(attributes.memorySizeMB) // 1024)
+    built = f"{gpu_slices}g.{gib}gb"
+    return built if compute_slices in (0, gpu_slices) else f"{compute_slices}c.{built}"
 
 
 def _processes(handle: Any, total_bytes: int) -> tuple[GpuProcess, ...]:
