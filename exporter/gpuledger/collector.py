@@ -19,7 +19,8 @@ from gpuledger.model.kubernetes import PodInfo
 
 CONTAINER_LABELS = ["namespace", "pod", "pod_uid", "container", "workload"]
 POD_LABELS = ["namespace", "pod", "pod_uid", "workload"]
-ENGINE_LABELS = [*POD_LABELS, "model_name", "engine"]
+# `target` (the scraped host:port) keeps two engines of one pod, or of no pod, apart.
+ENGINE_LABELS = [*POD_LABELS, "model_name", "engine", "target"]
 CONFIG_LABELS = [
     "tensor_parallel_size",
     "pipeline_parallel_size",
@@ -229,7 +230,7 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
         ENGINE_LABELS,
     )
     for e in ledger.engines:
-        values = [node, e.namespace, e.pod, e.pod_uid, e.workload, e.model_name, e.engine]
+        values = [node, e.namespace, e.pod, e.pod_uid, e.workload, e.model_name, e.engine, e.target]
         up.add_metric(values, 1 if e.up else 0)
         if e.gpus_configured is not None:
             gpus.add_metric([*values, "configured"], e.gpus_configured)

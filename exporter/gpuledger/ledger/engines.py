@@ -60,6 +60,9 @@ class Engine:
     """One (model_name, DP rank) served by one scrape target."""
 
     url: str  # without userinfo or query
+    # The target's endpoint (host:port[/path], EngineTarget.endpoint): with model_name
+    # and engine, what makes an engine's series unique on this node, pod known or not.
+    target: str
     origin: str
     namespace: str
     pod: str
@@ -233,6 +236,7 @@ def _engines_of(
         gpus = _engine_gpus(group, rank_int, gpu_by_pid)
         return Engine(
             url=url,
+            target=target.endpoint,
             origin=target.origin,
             namespace=target.namespace,
             pod=target.pod,

@@ -5,11 +5,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 from gpuledger.model.base import frozen_map
 from gpuledger.model.bundle import Key
 
 Origin = Literal["static", "annotation", "prometheus_annotation"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+DEFAULT_PATH = "/metrics"
+
+
+def endpoint_of(url: str) -> str:
+    """What tells scrape targets apart (the `target` label): `host:port`, plus the path
+    when it is not /metrics. No scheme, userinfo or query: an address, never a secret."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        return "<invalid url>"
+    if ":" in host:
+        host = f"[{host}]"
+    address = f"{host}:{port}" if port is not None else host
+    return address if parts.path in ("", DEFAULT_PATH) else address + parts.path
 
 
 @dataclass(frozen=True)
@@ -39,6 +58,10 @@ class EngineTarget:
     pod_uid: str = ""
     workload: str = ""
     origin: Origin = "static"
+
+    @property
+    def endpoint(self) -> str:
+        return endpoint_of(self.url)
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,17 @@ SCHEME_ANNOTATION = "gpuledger.io/vllm-scheme"
 
 
 def discover_targets(pods: Sequence[PodInfo], static: Sequence[str]) -> tuple[EngineTarget, ...]:
-    """Engines to scrape: annotated running pods on this node, then static URLs."""
+    """Engines to scrape: annotated running pods on this node, then static URLs; one
+    target per endpoint (the first wins), so no engine is scraped, or labelled, twice."""
     targets = [t for t in map(_annotated, pods) if t is not None]
     by_ip = {p.pod_ip: p for p in pods if p.pod_ip}
     for url in static:
         host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
         targets.append(_target(url, by_ip.get(host), "static"))
-    return tuple(targets)
+    unique: dict[str, EngineTarget] = {}
+    for target in targets:
+        unique.setdefault(target.endpoint, target)
+    return tuple(unique.values())
 
 
 def _annotated(pod: PodInfo) -> EngineTarget | None:
