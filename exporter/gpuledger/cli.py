@@ -559,7 +559,10 @@ def run_exporter(
         ledger_page = cluster
     pipeline = Pipeline(config)
     exporter = Exporter(
-        pipeline.cycle, args.interval, lambda: pipeline.warm_up(config.source_deadline_seconds)
+        pipeline.cycle,
+        args.interval,
+        lambda: pipeline.warm_up(config.source_deadline_seconds),
+        simulated=config.simulated,
     )
     try:
         httpd = serve(exporter, args.listen, config.node, config.mode, web, ledger_page=ledger_page)

@@ -52,8 +52,11 @@ class Exporter:
         cycle: Callable[[], Published],
         interval_seconds: float,
         warm_up: Callable[[], None] | None = None,
+        *,
+        simulated: bool = False,
     ) -> None:
         self._cycle = cycle
+        self._simulated = simulated
         self._warm_up = warm_up
         self.interval_seconds = interval_seconds
         self._latest: Published | None = None
@@ -79,9 +82,10 @@ class Exporter:
 
     @property
     def simulated(self) -> bool:
-        """The published data comes from gpuledger's simulator (PipelineConfig.simulated)."""
+        """The data comes from gpuledger's simulator (PipelineConfig.simulated): known from
+        the start, so the index is marked before the first snapshot too."""
         published = self.current()[0]
-        return published is not None and published.simulated
+        return self._simulated or (published is not None and published.simulated)
 
     def run_once(self) -> Published:
         published = self._cycle()

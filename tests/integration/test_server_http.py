@@ -117,3 +117,20 @@ def test_a_busy_address_is_one_line_and_exit_2() -> None:
         lines[-1] == f"gpuledger: error: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_the_index_says_simulated_before_the_first_snapshot(simulated: bool) -> None:
+    def never_published() -> Published:
+        raise AssertionError("no cycle runs in this test")
+
+    exporter = Exporter(never_published, interval_seconds=10, simulated=simulated)
+    httpd = serve(exporter, "127.0.0.1:0", "sim-node", "node")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        status, _, body = fetch(f"http://127.0.0.1:{httpd.server_address[1]}/")
+        assert status == 200
+        assert (b"SIMULATED DATA: node sim-node" in body) is simulated
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
