@@ -6,8 +6,9 @@ server.py): no I/O, no waiting.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -40,6 +41,8 @@ class Published:
     last_success: Mapping[str, float] = field(default_factory=dict)
     # From PipelineConfig.simulated: the data comes from gpuledger's simulator.
     simulated: bool = False
+    # Metric family -> series a cap kept out, summed over snapshots (dropped_series).
+    dropped_total: Mapping[str, int] = field(default_factory=dict)
 
 
 def _container_values(ref: ContainerRef) -> list[str]:
@@ -323,6 +326,59 @@ def ray_cluster_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (groups, pending)
 
 
+def dropped_series(ledger: Ledger) -> dict[str, int]:
+    """Series per family that the ledger's caps kept out this snapshot: its overflow,
+    built into families by the same code as what is exported, and counted."""
+    o = ledger.overflow
+    if o.empty:
+        return {}
+    view = replace(
+        ledger,
+        gpus=o.gpus,
+        unattributed={},
+        usage=o.usage,
+        device_maps=o.device_maps,
+        allocations=o.allocations,
+        discrepancies=o.discrepancies,
+        pods=o.pods,
+        engines=o.engines,
+        pending=o.pending,
+        ray=o.ray,
+        ray_cluster=None,
+    )
+    surplus_gpus = [
+        f
+        for f in engine_families(replace(view, engines=o.engine_gpus))
+        if f.name == "gpuledger_engine_gpu_info"
+    ]
+    counts: Counter[str] = Counter()
+    for family in (
+        *gpu_families(view),
+        *container_families(view),
+        *kubernetes_families(view),
+        *engine_families(view),
+        *surplus_gpus,
+        *ray_families(view),
+        *pending_families(view),
+    ):
+        if family.samples:
+            suffix = "_total" if family.type == "counter" else ""
+            counts[family.name + suffix] += len(family.samples)
+    return dict(counts)
+
+
+def dropped_family(published: Published) -> Metric:
+    dropped = CounterMetricFamily(
+        "gpuledger_series_dropped",
+        "Series a per-node cardinality cap kept out of a metric family, summed over "
+        'snapshots. Ray actor classes past the cap are folded into class_name="_other".',
+        labels=["node", "family"],
+    )
+    for family, count in sorted(published.dropped_total.items()):
+        dropped.add_metric([published.ledger.node, family], count)
+    return dropped
+
+
 def _ray_pod(pod: PodInfo | None) -> list[str]:
     return [pod.namespace, pod.name, pod.uid] if pod is not None else ["", "", ""]
 
@@ -398,6 +454,8 @@ def snapshot_families(published: Published, now: float) -> Iterator[Metric]:
     else:
         yield from pending_families(ledger)
         yield from ray_cluster_families(ledger)
+    if published.dropped_total:
+        yield dropped_family(published)
     yield from self_families(published, now)
 
 

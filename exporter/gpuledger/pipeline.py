@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.collector import Published
+from gpuledger.collector import Published, dropped_series
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Key, Snapshots, SourceStatus
 from gpuledger.model.kubernetes import PODS
@@ -156,6 +156,7 @@ class Pipeline:
         }
         self._previous: Ledger | None = None
         self._errors: Counter[tuple[str, str]] = Counter()
+        self._dropped: Counter[str] = Counter()
         self._last_success: dict[str, float] = {}
         self._last_reason: dict[str, str | None] = {}
         self._lock = threading.Lock()
@@ -195,6 +196,9 @@ class Pipeline:
         )
         self._previous = ledger
         self._account(snapshots.statuses, started, item_errors)
+        dropped = dropped_series(ledger)
+        with self._lock:
+            self._dropped.update(dropped)
         return self.published(ledger)
 
     def _start(self, source: Source[Any], inputs: Snapshots) -> Started[Any]:
@@ -227,9 +231,7 @@ class Pipeline:
         elif reason == DISABLED:
             log.info("source %s is not configured", status.source)
         else:
-            log.warning(
-                "source %s is down (%s): %s", status.source, reason, status.error_message
-            )
+            log.warning("source %s is down (%s): %s", status.source, reason, status.error_message)
         self._last_reason[status.source] = reason
 
     def published(self, ledger: Ledger) -> Published:
@@ -239,6 +241,7 @@ class Pipeline:
                 errors_total=dict(self._errors),
                 last_success=dict(self._last_success),
                 simulated=self.config.simulated,
+                dropped_total=dict(self._dropped),
             )
 
     def close(self) -> None:

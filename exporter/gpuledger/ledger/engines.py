@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuledger.httpclient import safe_url
+from gpuledger.ledger import caps
 from gpuledger.ledger.tree import ancestors
 from gpuledger.model import frozen_map
 from gpuledger.model.procfs import ProcessInfo
@@ -218,6 +219,44 @@ def build_engines(
             continue  # only a candidate (prometheus.io annotation), not an engine
         engines.extend(_engines_of(scrape, groups, gpu_by_pid, known))
     return tuple(engines)
+
+
+def identity(engine: Engine) -> tuple[str, ...]:
+    """The engine's label values (collector.ENGINE_LABELS order)."""
+    return (
+        engine.namespace,
+        engine.pod,
+        engine.pod_uid,
+        engine.workload,
+        engine.model_name,
+        engine.engine,
+        engine.target,
+    )
+
+
+def cap_engines(
+    engines: Sequence[Engine],
+) -> tuple[tuple[Engine, ...], tuple[Engine, ...], tuple[Engine, ...]]:
+    """At most MAX_ENGINES engines with distinct label values, and at most MAX_GPU_ROWS
+    GPU rows over all of them (ledger/caps.py). Also what was left out: repeated or
+    surplus engines, and kept engines carrying only their surplus GPU rows."""
+    seen: set[tuple[str, ...]] = set()
+    unique: list[Engine] = []
+    repeated: list[Engine] = []
+    for e in engines:
+        key = identity(e)
+        (repeated if key in seen else unique).append(e)
+        seen.add(key)
+    kept, surplus = caps.split(unique, caps.MAX_ENGINES)
+    trimmed: list[Engine] = []
+    gpu_rows: list[Engine] = []
+    budget = caps.MAX_GPU_ROWS
+    for e in kept:
+        if len(e.gpus) > budget:
+            gpu_rows.append(replace(e, gpus=e.gpus[budget:]))
+        trimmed.append(replace(e, gpus=e.gpus[:budget]) if len(e.gpus) > budget else e)
+        budget -= len(trimmed[-1].gpus)
+    return tuple(trimmed), (*repeated, *surplus), tuple(gpu_rows)
 
 
 def _engines_of(

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from gpuledger.identity.devices import HostGpu, container_device_map
-from gpuledger.ledger.engines import Engine, build_engines, known_engine_ids
+from gpuledger.ledger import caps
+from gpuledger.ledger.engines import Engine, build_engines, cap_engines, known_engine_ids
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.tree import ancestors
 from gpuledger.model import Snapshots, SourceStatus
@@ -21,7 +22,7 @@ from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu
 from gpuledger.model.podresources import PODRESOURCES, PodResourcesSnapshot
 from gpuledger.model.procfs import PROCESSES, ProcessInfo
-from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL
+from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL, LocalRayNode
 from gpuledger.model.vllm import VLLM
 
 SHORT_ID = 12  # container ID length people know from `crictl ps` / `docker ps`
@@ -114,6 +115,34 @@ class ProcessView:
 
 
 @dataclass(frozen=True)
+class Overflow:
+    """Rows a per-node cap (ledger/caps.py) kept out of the ledger, or a duplicate
+    identity would have repeated: never exported, only counted by the collector in
+    gpuledger_series_dropped_total."""
+
+    gpus: tuple[Gpu, ...] = ()
+    usage: tuple[ContainerGpuUsage, ...] = ()
+    device_maps: tuple[DeviceMapping, ...] = ()
+    allocations: tuple[Allocation, ...] = ()
+    discrepancies: tuple[Discrepancy, ...] = ()
+    pods: tuple[PodState, ...] = ()
+    engines: tuple[Engine, ...] = ()
+    # Kept engines carrying only the GPU rows past MAX_GPU_ROWS.
+    engine_gpus: tuple[Engine, ...] = ()
+    pending: tuple[PodInfo, ...] = ()
+    # Ray nodes past the cap with their rows, and the actor rows folded into OTHER_CLASS.
+    ray: RayLocal | None = None
+
+    @property
+    def empty(self) -> bool:
+        rows = (self.gpus, self.usage, self.device_maps, self.allocations, self.discrepancies)
+        more = (self.pods, self.engines, self.engine_gpus, self.pending)
+        ray = self.ray
+        ray_rows = (ray.nodes, ray.actor_gpus, ray.actor_memory) if ray is not None else ()
+        return not any((*rows, *more, *ray_rows))
+
+
+@dataclass(frozen=True)
 class Ledger:
     node: str
     mode: str
@@ -136,6 +165,7 @@ class Ledger:
     unknowns: tuple[str, ...] = field(default_factory=tuple)
     ray: RayLocal | None = None
     ray_cluster: RayCluster | None = None
+    overflow: Overflow = field(default_factory=Overflow)
 
 
 class _Pods:
@@ -348,7 +378,7 @@ def build_ledger(
     ray_local = snapshots.get(RAY_LOCAL) if node_mode else None
     ray_cluster = None if node_mode else _ray_cluster(snapshots)
     sources = snapshots.statuses
-    gpus = nvml.gpus if nvml else ()
+    gpus, gpus_over = _unique_gpus(nvml.gpus if nvml else ())
     host = host_gpus(gpus)
     process_table: Mapping[int, ProcessInfo] = procs.processes if procs else {}
     pod_index = _Pods(pods)
@@ -409,20 +439,21 @@ def build_ledger(
         for ref, uuid in sorted(usage_bytes, key=_ref_and_uuid)
     )
     gpu_by_pid = {pid: [uuid for uuid, _ in held] for pid, held in memory_by_pid.items()}
-    allocated_by_pod: dict[str, int] | None = None
-    if podresources is not None and pods is not None:
-        allocated_by_pod = defaultdict(int)
-        for a in allocations:
-            allocated_by_pod[a.container.pod_uid] += 1
-    ray = None
-    if ray_local is not None:
-        ray = build_ray_local(
-            ray_local,
-            process_table if procs is not None and nvml is not None else None,
-            memory_by_pid,
-            allocated_by_pod,
+    ray, ray_over = _ray_local(
+        ray_local,
+        process_table if procs is not None and nvml is not None else None,
+        memory_by_pid,
+        allocations if podresources is not None and pods is not None else None,
+    )
+    engines, engines_over, engine_gpus_over = cap_engines(
+        build_engines(
+            vllm,
+            process_table,
+            gpu_by_pid,
+            known_engine_ids(previous.engines) if previous is not None else {},
         )
-    return Ledger(
+    )
+    ledger = Ledger(
         node=node,
         mode=mode,
         taken_at=taken_at,
@@ -441,17 +472,88 @@ def build_ledger(
             usage_known=nvml is not None and procs is not None,
         ),
         pods=_pod_states(pods),
-        engines=build_engines(
-            vllm,
-            process_table,
-            gpu_by_pid,
-            known_engine_ids(previous.engines) if previous is not None else {},
-        ),
+        engines=engines,
         pending=tuple(sorted(pending.pods, key=lambda p: (p.namespace, p.name)) if pending else ()),
         unknowns=_unknowns(sources),
         ray=ray,
         ray_cluster=ray_cluster,
     )
+    return _capped(
+        ledger,
+        Overflow(gpus=gpus_over, engines=engines_over, engine_gpus=engine_gpus_over, ray=ray_over),
+    )
+
+
+def _ray_local(
+    local: Sequence[LocalRayNode] | None,
+    procs: Mapping[int, ProcessInfo] | None,
+    memory_by_pid: Mapping[int, Sequence[tuple[str, int | None]]],
+    allocations: Sequence[Allocation] | None,
+) -> tuple[RayLocal | None, RayLocal | None]:
+    """The local Ray nodes joined, and their overflow; `allocations` None when unknown."""
+    if local is None:
+        return None, None
+    allocated_by_pod: dict[str, int] | None = None
+    if allocations is not None:
+        allocated_by_pod = defaultdict(int)
+        for a in allocations:
+            allocated_by_pod[a.container.pod_uid] += 1
+    return build_ray_local(local, procs, memory_by_pid, allocated_by_pod)
+
+
+def _capped(ledger: Ledger, overflow: Overflow) -> Ledger:
+    """The ledger with its container, pod and pending rows cut to their caps, and what
+    was cut added to `overflow`. Applied last: discrepancies are judged on every row."""
+    limit = caps.MAX_GPU_ROWS
+    usage, usage_over = caps.split(ledger.usage, limit)
+    device_maps, maps_over = caps.split(ledger.device_maps, limit)
+    allocations, allocations_over = caps.split(ledger.allocations, limit)
+    discrepancies, discrepancies_over = _cap_discrepancies(ledger.discrepancies, limit)
+    pods, pods_over = caps.split(ledger.pods, caps.MAX_GPU_PODS)
+    pending, pending_over = caps.split(ledger.pending, caps.MAX_PENDING_PODS)
+    return replace(
+        ledger,
+        usage=usage,
+        device_maps=device_maps,
+        allocations=allocations,
+        discrepancies=discrepancies,
+        pods=pods,
+        pending=pending,
+        overflow=replace(
+            overflow,
+            usage=usage_over,
+            device_maps=maps_over,
+            allocations=allocations_over,
+            discrepancies=discrepancies_over,
+            pods=pods_over,
+            pending=pending_over,
+        ),
+    )
+
+
+def _unique_gpus(gpus: Sequence[Gpu]) -> tuple[tuple[Gpu, ...], tuple[Gpu, ...]]:
+    """One GPU per UUID (identity rule 1): a driver that repeats a UUID must not repeat
+    its series. The first wins; the rest are overflow."""
+    seen: set[str] = set()
+    kept: list[Gpu] = []
+    repeated: list[Gpu] = []
+    for gpu in gpus:
+        (repeated if gpu.uuid in seen else kept).append(gpu)
+        seen.add(gpu.uuid)
+    return tuple(kept), tuple(repeated)
+
+
+def _cap_discrepancies(
+    found: Sequence[Discrepancy], limit: int
+) -> tuple[tuple[Discrepancy, ...], tuple[Discrepancy, ...]]:
+    """At most `limit` rows of each kind (each kind is its own family)."""
+    kept: list[Discrepancy] = []
+    dropped: list[Discrepancy] = []
+    seen: dict[str, int] = defaultdict(int)
+    for d in found:
+        seen[d.kind] += 1
+        (kept if seen[d.kind] <= limit else dropped).append(d)
+    return tuple(kept), tuple(dropped)
 
 
 def _ray_cluster(snapshots: Snapshots) -> RayCluster | None:

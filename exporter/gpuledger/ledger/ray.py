@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gpuledger.ledger import caps
 from gpuledger.model import frozen_map
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.procfs import ProcessInfo
@@ -94,47 +95,139 @@ def build_ray_local(
     procs: Mapping[int, ProcessInfo] | None,
     memory_by_pid: Mapping[int, Sequence[tuple[str, int | None]]],
     allocated_by_pod: Mapping[str, int] | None,
-) -> RayLocal:
-    nodes: list[RayNodeView] = []
-    actor_gpus: list[RayActorGpus] = []
-    actor_memory: list[RayActorMemory] = []
+) -> tuple[RayLocal, RayLocal]:
+    """The local Ray nodes joined, and the overflow: rows a cap kept out (ledger/caps.py).
+
+    One Ray node per pod (a second one would repeat the pod's label set), at most
+    MAX_RAY_NODES, those with the most GPUs; per Ray node at most MAX_RAY_ACTOR_CLASSES
+    actor classes, those holding the most GPUs, the rest folded into OTHER_CLASS; at most
+    MAX_GPU_ROWS actor memory rows. The overflow holds the rows left out or folded.
+    """
+    kept, over = _Rows(), _Rows()
     host_pids = HostPids(procs) if procs is not None else None
-    for local in snapshots:
-        snapshot, node, pod = local.snapshot, local.node, local.pod
+    chosen = _chosen_nodes(snapshots)
+    for i, local in enumerate(snapshots):
+        pod = local.pod
         allocated = (
             allocated_by_pod.get(pod.uid, 0) if allocated_by_pod is not None and pod else None
         )
-        view = RayNodeView(node, pod, allocated)
-        nodes.append(view)
-        local_actors = [a for a in snapshot.actors if a.node_id in (None, node.node_id)]
-        unused: dict[str, int] = defaultdict(int)
-        memory: dict[tuple[str, str], int] = defaultdict(int)
-        for actor in local_actors:
-            if actor.state != "ALIVE" or actor.node_id != node.node_id or not actor.num_gpus:
-                continue
-            pid = host_pids.of(actor, pod) if host_pids is not None else None
-            held = memory_by_pid.get(pid, ()) if pid is not None else ()
-            for uuid, used in held:
-                memory[(actor.class_name, uuid)] += used or 0
-            if procs is not None and not any((used or 0) > 0 for _, used in held):
-                unused[actor.class_name] += 1
-        counts = gpu_actor_counts(RaySnapshot(actors=tuple(local_actors)))
-        for (class_name, state), gpus in sorted(counts.items()):
-            actor_gpus.append(
-                RayActorGpus(
-                    view,
-                    class_name,
-                    state,
-                    gpus,
-                    (unused.get(class_name, 0) if procs is not None else None)
-                    if state == "ALIVE"
-                    else None,
-                )
-            )
-        actor_memory.extend(
-            RayActorMemory(view, cls, uuid, used) for (cls, uuid), used in sorted(memory.items())
+        view = RayNodeView(local.node, pod, allocated)
+        rows, memory = _actor_rows(view, local, host_pids, memory_by_pid, procs is not None)
+        if i not in chosen:
+            over.add(view, rows, memory)
+            continue
+        rows, memory, folded_rows, folded_memory = fold_actor_classes(rows, memory)
+        kept.add(view, rows, memory)
+        over.add(None, folded_rows, folded_memory)
+    memory_kept, memory_surplus = caps.split(kept.actor_memory, caps.MAX_GPU_ROWS)
+    kept.actor_memory = list(memory_kept)
+    over.actor_memory.extend(memory_surplus)
+    return kept.local(), over.local()
+
+
+def _chosen_nodes(snapshots: Sequence[LocalRayNode]) -> set[int]:
+    """Positions of the Ray nodes kept: the first per pod, then the MAX_RAY_NODES with
+    the most GPUs (ties in Ray's order)."""
+    first: dict[str | None, int] = {}
+    for i, local in enumerate(snapshots):
+        first.setdefault(local.pod.uid if local.pod is not None else None, i)
+    ranked = sorted(first.values(), key=lambda i: (-snapshots[i].node.gpus_total, i))
+    return set(ranked[: caps.MAX_RAY_NODES])
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.nodes: list[RayNodeView] = []
+        self.actor_gpus: list[RayActorGpus] = []
+        self.actor_memory: list[RayActorMemory] = []
+
+    def add(
+        self,
+        view: RayNodeView | None,
+        rows: Sequence[RayActorGpus],
+        memory: Sequence[RayActorMemory],
+    ) -> None:
+        if view is not None:
+            self.nodes.append(view)
+        self.actor_gpus.extend(rows)
+        self.actor_memory.extend(memory)
+
+    def local(self) -> RayLocal:
+        return RayLocal(tuple(self.nodes), tuple(self.actor_gpus), tuple(self.actor_memory))
+
+
+def _actor_rows(
+    view: RayNodeView,
+    local: LocalRayNode,
+    host_pids: HostPids | None,
+    memory_by_pid: Mapping[int, Sequence[tuple[str, int | None]]],
+    procs_known: bool,
+) -> tuple[list[RayActorGpus], list[RayActorMemory]]:
+    """One Ray node's GPU actors by (class, state), and their processes' GPU memory."""
+    node_id, pod = view.node.node_id, view.pod
+    local_actors = [a for a in local.snapshot.actors if a.node_id in (None, node_id)]
+    unused: dict[str, int] = defaultdict(int)
+    memory: dict[tuple[str, str], int] = defaultdict(int)
+    for actor in local_actors:
+        if actor.state != "ALIVE" or actor.node_id != node_id or not actor.num_gpus:
+            continue
+        pid = host_pids.of(actor, pod) if host_pids is not None else None
+        held = memory_by_pid.get(pid, ()) if pid is not None else ()
+        for uuid, used in held:
+            memory[(actor.class_name, uuid)] += used or 0
+        if procs_known and not any((used or 0) > 0 for _, used in held):
+            unused[actor.class_name] += 1
+    counts = gpu_actor_counts(RaySnapshot(actors=tuple(local_actors)))
+    rows = [
+        RayActorGpus(
+            view,
+            class_name,
+            state,
+            gpus,
+            (unused.get(class_name, 0) if procs_known else None) if state == "ALIVE" else None,
         )
-    return RayLocal(tuple(nodes), tuple(actor_gpus), tuple(actor_memory))
+        for (class_name, state), gpus in sorted(counts.items())
+    ]
+    return rows, [
+        RayActorMemory(view, cls, uuid, used) for (cls, uuid), used in sorted(memory.items())
+    ]
+
+
+def fold_actor_classes(
+    rows: Sequence[RayActorGpus],
+    memory: Sequence[RayActorMemory],
+    limit: int = caps.MAX_RAY_ACTOR_CLASSES,
+) -> tuple[list[RayActorGpus], list[RayActorMemory], list[RayActorGpus], list[RayActorMemory]]:
+    """One Ray node's rows with at most `limit` classes, those holding the most GPUs (then
+    by name), plus OTHER_CLASS summing the rest: per-state GPUs, actors without memory and
+    memory per GPU add up as before. Also the rows that were folded."""
+    totals: dict[str, float] = defaultdict(float)
+    for row in rows:
+        totals[row.class_name] += row.gpus
+    for m in memory:
+        totals.setdefault(m.class_name, 0.0)
+    if len(totals) <= limit:
+        return list(rows), list(memory), [], []
+    keep = set(sorted(totals, key=lambda c: (-totals[c], c))[:limit])
+    gpus: dict[tuple[str, str], float] = defaultdict(float)
+    without: dict[tuple[str, str], int | None] = {}
+    view = rows[0].node if rows else memory[0].node
+    for row in rows:
+        key = (row.class_name if row.class_name in keep else caps.OTHER_CLASS, row.state)
+        gpus[key] += row.gpus
+        before = without.get(key, 0)
+        without[key] = None if row.without_memory is None else (before or 0) + row.without_memory
+    used: dict[tuple[str, str], int] = defaultdict(int)
+    for m in memory:
+        used[(m.class_name if m.class_name in keep else caps.OTHER_CLASS, m.gpu_uuid)] += (
+            m.used_bytes
+        )
+    return (
+        [RayActorGpus(view, c, s, g, without[(c, s)]) for (c, s), g in sorted(gpus.items())],
+        [RayActorMemory(view, c, u, b) for (c, u), b in sorted(used.items())],
+        [r for r in rows if r.class_name not in keep],
+        [m for m in memory if m.class_name not in keep],
+    )
 
 
 def build_ray_cluster(snapshot: RaySnapshot, namespace: str, workload: str) -> RayCluster:
@@ -149,6 +242,27 @@ def build_ray_cluster(snapshot: RaySnapshot, namespace: str, workload: str) -> R
 # RESTARTING is "equivalent to PENDING_CREATION" in Ray's ActorState docs: the actor waits
 # to be placed again. DEPENDENCIES_UNREADY waits for its arguments, not for resources.
 PENDING_ACTOR_STATES: Final = frozenset({"PENDING_CREATION", "RESTARTING"})
+# Ray's ActorState values that hold or ask for GPUs. Anything else Ray may send is
+# UNKNOWN, so the `state` label stays a fixed set.
+ACTOR_STATES: Final = frozenset({"DEPENDENCIES_UNREADY", "ALIVE", *PENDING_ACTOR_STATES})
+# PlacementGroupTableData.PlacementGroupState and PlacementGroupStats.SchedulingState.
+GROUP_STATES: Final = frozenset({"PENDING", "PREPARED", "CREATED", "REMOVED", "RESCHEDULING"})
+SCHEDULING_STATES: Final = frozenset(
+    {
+        "QUEUED",
+        "REMOVED",
+        "SCHEDULING_STARTED",
+        "NO_RESOURCES",
+        "INFEASIBLE",
+        "FAILED_TO_COMMIT_RESOURCES",
+        "FINISHED",
+    }
+)
+UNKNOWN_STATE: Final = "UNKNOWN"
+
+
+def _known(state: str, states: frozenset[str]) -> str:
+    return state if state in states else UNKNOWN_STATE
 
 
 def gpu_actor_counts(snapshot: RaySnapshot) -> Mapping[tuple[str, str], float]:
@@ -160,7 +274,7 @@ def gpu_actor_counts(snapshot: RaySnapshot) -> Mapping[tuple[str, str], float]:
     for actor in snapshot.actors:
         if actor.num_gpus <= 0 or actor.state == "DEAD":
             continue
-        key = (actor.class_name, actor.state)
+        key = (actor.class_name, _known(actor.state, ACTOR_STATES))
         counts[key] = counts.get(key, 0.0) + actor.num_gpus
     return frozen_map(counts)
 
@@ -190,9 +304,14 @@ def pending_gpus(snapshot: RaySnapshot) -> Mapping[str, float]:
 
 
 def placement_group_counts(snapshot: RaySnapshot) -> Mapping[tuple[str, str], int]:
-    """Placement groups by (state, scheduling_state); "" where Ray gave no scheduling state."""
+    """Placement groups by (state, scheduling_state); "" where Ray gave no scheduling state,
+    UNKNOWN for a value outside Ray's enums."""
     counts: dict[tuple[str, str], int] = {}
     for group in snapshot.placement_groups:
-        key = (group.state, group.scheduling_state or "")
+        scheduling = group.scheduling_state
+        key = (
+            _known(group.state, GROUP_STATES),
+            _known(scheduling, SCHEDULING_STATES) if scheduling else "",
+        )
         counts[key] = counts.get(key, 0) + 1
     return frozen_map(counts)
