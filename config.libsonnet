@@ -26,6 +26,30 @@ local stages = import 'exporter/gpuledger/stages.json';
     // Deployment. Every raw `gpuledger_*` series in rules and dashboards uses it.
     gpuledgerSelector: 'job=~"gpuledger.*"',
 
+    // The two agents a cluster runs, as selectors of their scrape targets: the node-mode
+    // DaemonSet and the cluster-mode Deployment (the Helm chart's jobs are <jobName>-node
+    // and <jobName>-cluster). Both must fall under gpuledgerSelector. GpuLedgerExporterDown
+    // fires while Prometheus has no target of one of them at all (`absent(up{...})`: the
+    // DaemonSet, the Deployment or its ServiceMonitor/PodMonitor is gone), not only while a
+    // target fails. Use equality matchers: absent() labels its series with those only. ''
+    // where that agent is not deployed (no cluster-mode Deployment, say). absent() sees the
+    // whole Prometheus: with several clusters in one, a cluster that lost its agents shows
+    // only through the kube-state-metrics comparison below.
+    gpuledgerNodeSelector: 'job="gpuledger-node"',
+    gpuledgerClusterSelector: 'job="gpuledger-cluster"',
+
+    // Optional: kube-state-metrics, whose kube_node_status_capacity says which nodes have
+    // GPUs. Where those series exist, GpuLedgerExporterDown also fires, per cluster, while
+    // fewer node-agent targets (gpuledgerNodeSelector) exist than nodes with a GPU resource
+    // matching gpuNodeResourceRegex: a DaemonSet pod that is not scheduled (taints,
+    // resources, a node selector) has no target to fail. Without kube-state-metrics the
+    // comparison finds nothing and stays silent. '' turns it off (for a DaemonSet that
+    // skips some GPU nodes on purpose).
+    kubeStateMetricsSelector: 'job="kube-state-metrics"',
+    // kube-state-metrics' `resource` label of GPUs in node capacity: nvidia.com/gpu, and the
+    // MIG devices of the mixed strategy (nvidia.com/mig-1g.10gb, ...).
+    gpuNodeResourceRegex: 'nvidia_com_gpu|nvidia_com_mig_.+',
+
     // Label that tells clusters apart when several send to one Prometheus (Thanos,
     // Mimir, federation). Rules always aggregate by it; a missing label is harmless.
     clusterLabel: 'cluster',
@@ -87,7 +111,7 @@ local stages = import 'exporter/gpuledger/stages.json';
     gpuUnallocatedUseFor: '10m',
     // Ray node advertises more logical GPUs than Kubernetes allocated to its pod.
     rayGpusExceedAllocationFor: '10m',
-    // Prometheus cannot scrape a gpuledger target.
+    // Prometheus cannot scrape a gpuledger target, or has none of an expected agent.
     exporterDownFor: '10m',
     // A gpuledger source keeps failing.
     sourceDownFor: '10m',

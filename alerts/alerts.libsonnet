@@ -12,7 +12,8 @@
 // and engine alerts only fire while the workload is in their stage, a workload is in one
 // stage at a time (exporter/gpuledger/stages.json: pending_placement > starting > routing >
 // engine_queueing > ...), and an engine alert fires only for an engine whose reason
-// (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max) is the alert's: what `gpuledger explain` says.
+// (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max) is the
+// alert's: what `gpuledger explain` says.
 // Those alerts take their `layer` from their stage in stages.json.
 // `runbook_url` is added to every alert in one place: add-runbook-links.libsonnet.
 {
@@ -42,6 +43,29 @@
     unless on (%(cl)s, node)
     (gpuledger_source_up{%(sel)s, source=~"%(re)s"} == 0)
   ||| % { cl: cl, sel: sel, re: c.ledgerSourcesRegex },
+
+  // GpuLedgerExporterDown, one condition per way of going blind: a target that fails; an
+  // expected agent with no target at all; and, where kube-state-metrics is scraped, fewer
+  // node-agent targets than nodes with GPUs (per cluster; while no node agent exists
+  // anywhere, absent() says so alone).
+  local gpuNodes = 'count by (%s) (group by (%s, node) (kube_node_status_capacity{%s, resource=~"%s"} > 0))'
+                   % [cl, cl, c.kubeStateMetricsSelector, c.gpuNodeResourceRegex],
+  local exporterDown =
+    ['up{%s} == 0' % sel]
+    + ['absent(up{%s})' % s for s in [c.gpuledgerNodeSelector, c.gpuledgerClusterSelector] if s != '']
+    + (if c.kubeStateMetricsSelector == '' || c.gpuledgerNodeSelector == '' then [] else [std.rstripChars(|||
+         (
+           %(gpuNodes)s
+           -
+           (
+             count by (%(cl)s) (up{%(node)s})
+             or
+             %(gpuNodes)s * 0
+           )
+         ) > 0
+         and on ()
+         (count(up{%(node)s}) > 0)
+       ||| % { cl: cl, node: c.gpuledgerNodeSelector, gpuNodes: gpuNodes }, '\n')]),
 
   local pendingReasons = [
     ['insufficient_gpu', 'no node that would take the pod has enough free GPUs'],
@@ -250,14 +274,19 @@
         rules: [
           {
             alert: 'GpuLedgerExporterDown',
-            expr: |||
-              up{%(sel)s} == 0
-            ||| % { sel: sel },
+            expr: std.join('\nor\n', exporterDown) + '\n',
             'for': c.exporterDownFor,
             labels: { severity: 'critical', layer: 'exporter' },
             annotations: {
-              summary: 'Prometheus cannot scrape a gpuledger exporter.',
-              description: 'Prometheus has failed to scrape {{ $labels.instance }} (job {{ $labels.job }}) for %s: the GPUs, pods or pending work it reports are invisible, and their alerts cannot fire.' % c.exporterDownFor,
+              summary: 'Prometheus cannot scrape a gpuledger exporter, or has none to scrape.',
+              // Which of the three: a target (instance), an absent job (job only), or the
+              // kube-state-metrics comparison (neither).
+              description: (
+                '{{ if $labels.instance }}Prometheus has failed to scrape {{ $labels.instance }} (job {{ $labels.job }}) for %(for)s'
+                + '{{ else if $labels.job }}Prometheus has had no target of job {{ $labels.job }} for %(for)s: the agent, or the ServiceMonitor/PodMonitor that finds it, is gone'
+                + '{{ else }}{{ $value }} node(s) with GPUs (kube-state-metrics){{ with $labels.%(cl)s }} in cluster {{ . }}{{ end }} have had no gpuledger node-agent target for %(for)s: the DaemonSet has no pod there'
+                + '{{ end }}: the GPUs, pods or pending work it would report are invisible, and their alerts cannot fire.'
+              ) % { 'for': c.exporterDownFor, cl: cl },
             },
           },
           {

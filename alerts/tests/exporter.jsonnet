@@ -3,21 +3,114 @@ local f = import 'fixtures.libsonnet';
 local t = import 'lib.libsonnet';
 local c = t.config;
 
+local blind = ': the GPUs, pods or pending work it would report are invisible, and their alerts cannot fire.';
+local node2 = t.nodeTarget { instance: '10.0.0.12:9402' };
+
+// kube-state-metrics' node capacity: `resources` {resource: count} of one node.
+local capacity(node, resources) = [
+  t.gauge('kube_node_status_capacity', { job: 'kube-state-metrics', instance: '10.0.0.9:8080', node: node, resource: r, unit: 'integer' }, resources[r])
+  for r in std.objectFields(resources)
+];
+// Three nodes with GPUs (one of them only MIG devices), a node whose GPU resource reads 0
+// (the device plugin is not up yet) and a CPU node.
+local cluster =
+  capacity('gpu-node-1', { cpu: 128, nvidia_com_gpu: 8 })
+  + capacity('gpu-node-2', { cpu: 128, nvidia_com_gpu: 8 })
+  + capacity('gpu-node-3', { cpu: 128, nvidia_com_gpu: 0, nvidia_com_mig_1g_10gb: 14 })
+  + capacity('gpu-node-4', { cpu: 128, nvidia_com_gpu: 0 })
+  + capacity('cpu-node-1', { cpu: 64 });
+
 t.file([
   t.scenario(
     'exporter down',
     [
-      t.gauge('up', { job: 'gpuledger', instance: '10.0.0.12:9402' }, 0),
-      t.gauge('up', { job: 'gpuledger', instance: '10.0.0.11:9402' }, 1),
-      t.gauge('up', { job: 'gpuledger-cluster', instance: '10.0.0.5:9402' }, 1),
+      t.gauge('up', node2, 0),
+      t.gauge('up', t.nodeTarget, 1),
+      t.gauge('up', t.clusterTarget, 1),
       // Not gpuledger: not ours to report.
       t.gauge('up', { job: 'node-exporter', instance: '10.0.0.12:9100' }, 0),
     ],
     fires=[
       t.alert(
         'GpuLedgerExporterDown',
-        { job: 'gpuledger', instance: '10.0.0.12:9402' },
-        'Prometheus has failed to scrape 10.0.0.12:9402 (job gpuledger) for %s: the GPUs, pods or pending work it reports are invisible, and their alerts cannot fire.' % c.exporterDownFor,
+        node2,
+        'Prometheus has failed to scrape 10.0.0.12:9402 (job gpuledger-node) for %s' % c.exporterDownFor + blind,
+      ),
+    ],
+  ),
+
+  // The DaemonSet (or its ServiceMonitor) is deleted at minute 5: its targets vanish, and
+  // Prometheus marks their series stale. No target fails, none is left.
+  t.scenario(
+    'node agents vanish',
+    [
+      t.gauge('up', t.clusterTarget, 1),
+      { series: 'up{instance="10.0.0.11:9402",job="gpuledger-node"}', values: '1x4 stale' },
+      { series: 'up{instance="10.0.0.12:9402",job="gpuledger-node"}', values: '1x4 stale' },
+    ],
+    after=5,
+    fires=[
+      t.alert(
+        'GpuLedgerExporterDown',
+        { job: 'gpuledger-node' },
+        'Prometheus has had no target of job gpuledger-node for %s: the agent, or the ServiceMonitor/PodMonitor that finds it, is gone' % c.exporterDownFor + blind,
+      ),
+    ],
+  ),
+
+  t.scenario(
+    'cluster view vanishes',
+    [
+      t.gauge('up', t.nodeTarget, 1),
+      { series: 'up{instance="10.0.0.5:9402",job="gpuledger-cluster"}', values: '1x4 stale' },
+    ],
+    after=5,
+    fires=[
+      t.alert(
+        'GpuLedgerExporterDown',
+        { job: 'gpuledger-cluster' },
+        'Prometheus has had no target of job gpuledger-cluster for %s: the agent, or the ServiceMonitor/PodMonitor that finds it, is gone' % c.exporterDownFor + blind,
+      ),
+    ],
+  ),
+
+  // kube-state-metrics knows 3 nodes with GPUs; the DaemonSet has pods on 2 of them.
+  t.scenario(
+    'fewer node agents than GPU nodes',
+    cluster + [
+      t.gauge('up', t.nodeTarget, 1),
+      t.gauge('up', node2, 1),
+      t.gauge('up', t.clusterTarget, 1),
+    ],
+    fires=[
+      t.alert(
+        'GpuLedgerExporterDown',
+        {},
+        '1 node(s) with GPUs (kube-state-metrics) have had no gpuledger node-agent target for %s: the DaemonSet has no pod there' % c.exporterDownFor + blind,
+      ),
+    ],
+  ),
+
+  t.scenario(
+    'a node agent on every GPU node: silent',
+    cluster + [
+      t.gauge('up', t.nodeTarget, 1),
+      t.gauge('up', node2, 1),
+      t.gauge('up', t.nodeTarget { instance: '10.0.0.13:9402' }, 1),
+      t.gauge('up', t.clusterTarget, 1),
+    ],
+  ),
+
+  // No node agent at all: absent() says so, once; the comparison stays out of it.
+  t.scenario(
+    'no node agent, kube-state-metrics knows GPU nodes: one alert',
+    cluster + [t.gauge('up', t.clusterTarget, 1)],
+    targets=false,
+    fires=[
+      t.alert(
+        'GpuLedgerExporterDown',
+        { job: 'gpuledger-node' },
+        'Prometheus has had no target of job gpuledger-node for %s: the agent, or the ServiceMonitor/PodMonitor that finds it, is gone' % c.exporterDownFor + blind,
       ),
     ],
   ),

@@ -3,8 +3,8 @@
 // (pending pods, Ray placement groups and pending GPUs) the Deployment's.
 local t = import 'lib.libsonnet';
 
-local nodeExporter = { job: 'gpuledger', instance: '10.0.0.11:9402', node: 'gpu-node-1' };
-local clusterExporter = { job: 'gpuledger-cluster', instance: '10.0.0.5:9402', node: 'control-1' };
+local nodeExporter = t.nodeTarget { node: 'gpu-node-1' };
+local clusterExporter = t.clusterTarget { node: 'control-1' };
 
 {
   nodeExporter:: nodeExporter,

@@ -32,6 +32,16 @@ local horizon = std.foldl(std.max, [minutes(r['for']) for r in std.objectValues(
 // Samples cover the horizon with room for the 5m rate windows.
 local samples = horizon + 10;
 
+// The scrape targets of the two agents, as config.libsonnet's gpuledgerNodeSelector and
+// gpuledgerClusterSelector select them. An agent without any target fires
+// GpuLedgerExporterDown, so a scenario that has no `up` series of one gets it healthy.
+local nodeTarget = { job: 'gpuledger-node', instance: '10.0.0.11:9402' };
+local clusterTarget = { job: 'gpuledger-cluster', instance: '10.0.0.5:9402' };
+assert config.gpuledgerNodeSelector == 'job="%s"' % nodeTarget.job
+       : 'alerts/tests/lib.libsonnet: nodeTarget must match gpuledgerNodeSelector';
+assert config.gpuledgerClusterSelector == 'job="%s"' % clusterTarget.job
+       : 'alerts/tests/lib.libsonnet: clusterTarget must match gpuledgerClusterSelector';
+
 // String concatenation rather than `%`: std.format is slow in the C++ jsonnet, and
 // scenarios build thousands of these.
 local labelString(labels) =
@@ -45,6 +55,8 @@ local duration(minute) = std.toString(minute) + 'm';
   alertNames:: std.objectFields(alertRules),
   horizon:: horizon,
   minutes:: minutes,
+  nodeTarget:: nodeTarget,
+  clusterTarget:: clusterTarget,
 
   // Input series ---------------------------------------------------------------------
 
@@ -81,11 +93,21 @@ local duration(minute) = std.toString(minute) + 'm';
   //           (every workload the rules know must be listed; a stage that has reasons in
   //           exporter/gpuledger/stages.json must name the reason)
   //   exprs:  extra promql_expr_test cases
-  scenario(name, series, fires=[], stages={}, exprs=[])::
+  //   after:  the minute the expected alert's condition starts to hold (series that change
+  //           then), so `for` ends `after` minutes later
+  //   targets: false: no healthy `up` series is added for an agent the series lack
+  scenario(name, series, fires=[], stages={}, exprs=[], after=0, targets=true)::
     local names = std.set([f.alertname for f in fires]);
     assert std.length(names) <= 1 : 'scenario %s: one alert name per scenario' % name;
     local expected = if std.length(names) == 1 then names[0] else null;
-    local at = if expected == null then horizon else minutes(alertRules[expected]['for']);
+    local at = if expected == null then horizon else after + minutes(alertRules[expected]['for']);
+    assert expected == null || at < horizon : 'scenario %s: the alert must fire before the horizon' % name;
+    local hasTarget(target) = [
+      s
+      for s in series
+      if std.startsWith(s.series, 'up{') && std.length(std.findSubstr('job="%s"' % target.job, s.series)) > 0
+    ] != [];
+    local healthy = [$.gauge('up', t, 1) for t in [nodeTarget, clusterTarget] if targets && !hasTarget(t)];
     local check(minute, firing) = [
       {
         eval_time: duration(minute),
@@ -118,7 +140,7 @@ local duration(minute) = std.toString(minute) + 'm';
     {
       name: name,
       interval: '1m',
-      input_series: series,
+      input_series: series + healthy,
       alert_rule_test:
         (if expected == null then [] else check(at - 1, false) + check(at, true))
         + check(horizon, true),

@@ -236,9 +236,24 @@ _PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 
 def ksm_exposition(scenarios: Iterable[dict[str, Any]]) -> str:
     """kube-state-metrics' kube_pod_info and kube_pod_status_phase for every pod of the
-    scenarios (`uid` is the Pod UID)."""
+    scenarios (`uid` is the Pod UID), and kube_node_status_capacity of every node-mode
+    scenario's node (its GPUs as nvidia.com/gpu)."""
     samples = []
     for scenario in scenarios:
+        if scenario.get("mode", "node") == "node":
+            node = {"node": scenario.get("node", "sim-node")}
+            for resource, value in (("cpu", 64), ("nvidia_com_gpu", len(scenario["gpus"]))):
+                samples.append(
+                    (
+                        "kube_node_status_capacity",
+                        {
+                            **node,
+                            "resource": resource,
+                            "unit": "core" if resource == "cpu" else "integer",
+                        },
+                        value,
+                    )
+                )
         for pod in scenario.get("kubernetes", {}).get("pods", []):
             pending = bool(pod.get("pending"))
             node = "" if pending else scenario.get("node", "sim-node")

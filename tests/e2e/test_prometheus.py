@@ -3,13 +3,16 @@ exporter serves.
 
 A real Prometheus (Debian package `prometheus`) scrapes, every second:
 - `gpuledger simulate` of tests/fixtures/scenarios/e2e-node.yaml and e2e-phases.yaml (node
-  mode, two targets of the job `gpuledger`, as a DaemonSet on two nodes),
+  mode, two targets of the job `gpuledger-node`, as a DaemonSet on two nodes),
 - `gpuledger simulate` of tests/fixtures/scenarios/e2e-cluster.yaml (cluster mode, job
   `gpuledger-cluster`),
-- a static endpoint in this process standing in for dcgm-exporter and kube-state-metrics,
+- a static endpoint in this process standing in for dcgm-exporter and kube-state-metrics
+  (whose node capacity says both nodes have GPUs: GpuLedgerExporterDown counts them),
 and evaluates, every second, the mixin's recording rules and alerts rendered with every
 `for` at 0s (the `for` boundaries are promtool's job: alerts/tests). Every target carries
-the config's `clusterLabel` and a job the config's `gpuledgerSelector` matches.
+the config's `clusterLabel` and a job the config's `gpuledgerSelector` matches; the node and
+cluster agents' jobs are the Helm chart's, which `gpuledgerNodeSelector` and
+`gpuledgerClusterSelector` expect.
 
 The scenarios put each situation in its own namespace, so the test can say, per namespace,
 which alerts fire: exactly the one of that situation, and nothing else anywhere. The
@@ -60,6 +63,8 @@ PHASES_SCENARIO = SCENARIOS / "e2e-phases.yaml"
 DASHBOARDS = REPO / "dashboards"
 # The stage of every workload, one series per stage (alerts/rules.libsonnet).
 STAGE_SERIES = "namespace_workload_stage:gpuledger_stage_code:onehot"
+# The node-mode DaemonSet's job, as the Helm chart names it.
+NODE_JOB = "gpuledger-node"
 PROMQL_GUIDE = REPO / "docs" / "promql.md"
 CLUSTER_NAME = "e2e"
 EVOLVING = "e2e-evolving"
@@ -164,8 +169,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus_binary()  # fail early, with the install hint, when it is missing
     config = mixin_config()
     selector = config["gpuledgerSelector"]
-    # The jobs below are named for the default selector; a changed default needs them too.
+    # The jobs below are named for the default selectors; a changed default needs them too.
     assert selector == 'job=~"gpuledger.*"', selector
+    assert config["gpuledgerNodeSelector"] == f'job="{NODE_JOB}"'
+    assert config["gpuledgerClusterSelector"] == 'job="gpuledger-cluster"'
+    assert config["kubeStateMetricsSelector"] == 'job="kube-state-metrics"'
     cluster_label = config["clusterLabel"]
     rules = zero_for_rules()
 
@@ -186,7 +194,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             [
                 # One job for the node-mode DaemonSet (two nodes), one for cluster mode.
                 _scrape_config(
-                    "gpuledger",
+                    NODE_JOB,
                     [f"127.0.0.1:{ports['node']}", f"127.0.0.1:{ports['phases']}"],
                     cluster_label,
                 ),
@@ -265,7 +273,7 @@ def _mismatches(firing: dict[str, list[dict[str, str]]]) -> list[str]:
 def test_targets_are_the_selected_jobs_with_the_cluster_label(stack: Stack) -> None:
     ups = stack.prom.query(f"up{{{stack.selector}}}")
     jobs = sorted(s["metric"]["job"] for s in ups)
-    assert jobs == ["gpuledger", "gpuledger", "gpuledger-cluster"]
+    assert jobs == ["gpuledger-cluster", NODE_JOB, NODE_JOB]
     assert all(s["value"][1] == "1" for s in ups)
     built = stack.prom.query("gpuledger_build_info")
     assert {s["metric"].get("cluster") for s in built} == {CLUSTER_NAME}

@@ -23,8 +23,8 @@ RUNBOOKS = REPO / "docs" / "runbooks.md"
 ALERTMANAGER_EXAMPLE = REPO / "docs" / "alertmanager-example.yaml"
 
 # The metric contract (docs/metrics.md; docs/design.md "Metric contract (v1)"), plus the one
-# Prometheus series the alerts use. Anything else a rule or panel names must be a
-# recording rule of the mixin.
+# Prometheus series the alerts use and the one kube-state-metrics series they may use.
+# Anything else a rule or panel names must be a recording rule of the mixin.
 CONTRACT_METRICS = frozenset(
     {
         # GPUs
@@ -72,6 +72,8 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_build_info",
         # Prometheus itself
         "up",
+        # kube-state-metrics, optional: GpuLedgerExporterDown counts the nodes with GPUs
+        "kube_node_status_capacity",
     }
 )
 

@@ -21,6 +21,8 @@ from tests.mixin.helpers import REPO, RULES, rule_groups, run, tool
 
 SCENARIOS = REPO / "tests" / "fixtures" / "scenarios"
 HORIZON = "45m"  # after every `for` of the mixin
+# The Helm chart's jobs, as config.libsonnet's gpuledgerNodeSelector/ClusterSelector expect.
+CLUSTER_UP = 'up{job="gpuledger-cluster",instance="10.0.0.5:9402"}'
 
 
 @functools.cache
@@ -98,7 +100,12 @@ NODE_STAGES = {
 
 
 def test_node_exporter_output_fires_exactly_the_expected_alerts(tmp_path: Path) -> None:
-    series = _series(_exposition(SCENARIOS / "explain-node.yaml"), "gpuledger", "10.0.0.7:9402")
+    series = _series(
+        _exposition(SCENARIOS / "explain-node.yaml"), "gpuledger-node", "10.0.0.7:9402"
+    )
+    # The cluster view is scraped too (what it serves is the next test's): with no target of
+    # it at all, GpuLedgerExporterDown would fire.
+    series.append({"series": CLUSTER_UP, "values": "1+0x60"})
     _check(
         tmp_path,
         series,
@@ -120,7 +127,9 @@ def test_node_exporter_output_fires_exactly_the_expected_alerts(tmp_path: Path) 
 def test_a_pending_replica_silences_the_routing_alert(tmp_path: Path) -> None:
     """The cluster exporter sees a chat replica pending for GPUs: chat's stage is pending
     placement, the placement alert fires and the routing alert does not."""
-    series = _series(_exposition(SCENARIOS / "explain-node.yaml"), "gpuledger", "10.0.0.7:9402")
+    series = _series(
+        _exposition(SCENARIOS / "explain-node.yaml"), "gpuledger-node", "10.0.0.7:9402"
+    )
     series += _series(
         _exposition(SCENARIOS / "explain-cluster.yaml"), "gpuledger-cluster", "10.0.0.5:9402"
     )

@@ -260,13 +260,48 @@ def test_rule_expressions_name_only_known_metrics(name: str, expr: str) -> None:
 
 
 def test_raw_series_use_the_configured_selector() -> None:
-    selector = config()["gpuledgerSelector"]
+    cfg = config()
+    selector = cfg["gpuledgerSelector"]
+    # `up` of one agent's targets (GpuLedgerExporterDown's absent() and node count).
+    agents = {cfg["gpuledgerNodeSelector"], cfg["gpuledgerClusterSelector"]} - {""}
     for name, expr in _all_expressions():
         for metric in re.findall(r"(?<![\w:])(gpuledger_[a-z0-9_]+|up)\{([^}]*)\}", expr):
+            if metric[0] == "up" and metric[1] in agents:
+                continue
             assert selector in metric[1], f"{name}: {metric[0]} without {selector}"
+        for labels in re.findall(r"\bkube_[a-z_]+\{([^}]*)\}", expr):
+            assert cfg["kubeStateMetricsSelector"] in labels, f"{name}: kube-state-metrics"
         # (a recording rule's name has a gpuledger_* metric between colons)
         bare = re.findall(r"(?<![\w:])(gpuledger_[a-z0-9_]+|up)\b(?![{:])", expr)
         assert not bare, f"{name}: raw series without a selector: {bare}"
+
+
+def test_agent_selectors_fall_under_the_gpuledger_selector() -> None:
+    """The node and cluster agents' jobs are among the jobs every gpuledger series is read
+    from; their default is the Helm chart's <jobName>-node and <jobName>-cluster."""
+    cfg = config()
+    assert cfg["gpuledgerNodeSelector"] == 'job="gpuledger-node"'
+    assert cfg["gpuledgerClusterSelector"] == 'job="gpuledger-cluster"'
+    job_regex = re.fullmatch(r'job=~"(.*)"', cfg["gpuledgerSelector"])
+    assert job_regex, cfg["gpuledgerSelector"]
+    for key in ("gpuledgerNodeSelector", "gpuledgerClusterSelector"):
+        job = re.fullmatch(r'job="(.*)"', cfg[key])
+        assert job and re.fullmatch(job_regex.group(1), job.group(1)), key
+
+
+def test_exporter_down_without_the_optional_parts() -> None:
+    """With no cluster-mode agent expected and kube-state-metrics turned off, the alert is
+    the failing-target and node-agent-absent conditions only, and promtool accepts it."""
+    import _jsonnet
+
+    snippet = (
+        "local m = (import 'mixin.libsonnet') + { _config+:: {"
+        " gpuledgerClusterSelector: '', kubeStateMetricsSelector: '' } };"
+        " [r.expr for g in m.prometheusAlerts.groups for r in g.rules"
+        " if r.alert == 'GpuLedgerExporterDown'][0]"
+    )
+    expr = json.loads(_jsonnet.evaluate_snippet("down", snippet, jpathdir=[str(REPO)]))
+    assert expr == 'up{job=~"gpuledger.*"} == 0\nor\nabsent(up{job="gpuledger-node"})\n'
 
 
 def test_alert_names_labels_and_annotations() -> None:
