@@ -7,18 +7,28 @@ server.py): no I/O, no waiting.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample, Timestamp
 
 from gpuledger import __version__
 from gpuledger.ledger import ContainerRef, Ledger
 from gpuledger.model import SOURCE_STATES
 from gpuledger.model.kubernetes import PodInfo
+from gpuledger.model.nvml import MigDevice
 
 CONTAINER_LABELS = ["namespace", "pod", "pod_uid", "container", "workload"]
+MIG_INFO_LABELS = [
+    "gpu_uuid",
+    "parent_gpu_uuid",
+    "mig_index",
+    "gpu_instance_id",
+    "compute_instance_id",
+    "profile",
+]
 POD_LABELS = ["namespace", "pod", "pod_uid", "workload"]
 # `target` (the scraped host:port) keeps two engines of one pod, or of no pod, apart.
 ENGINE_LABELS = [*POD_LABELS, "model_name", "engine", "target"]
@@ -57,6 +67,33 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=["node", *labels])
 
 
+class _DeviceGauge(GaugeMetricFamily):
+    """A gauge keyed by `gpu_uuid`. A MIG device's samples (gpu_uuid = its MIG UUID) also
+    carry `parent_gpu_uuid`; a GPU's keep exactly the family's labels (docs/metrics.md)."""
+
+    def __init__(self, name: str, doc: str, labels: list[str], parents: Mapping[str, str]):
+        super().__init__(name, doc, labels=["node", *labels])
+        self._names = ["node", *labels]
+        self._device = self._names.index("gpu_uuid")
+        self._parents = parents
+
+    def add_metric(
+        self, labels: Sequence[str], value: float, timestamp: Timestamp | float | None = None
+    ) -> None:
+        parent = self._parents.get(labels[self._device])
+        if parent is None:
+            super().add_metric(labels, value, timestamp)
+            return
+        named = dict(zip(self._names, labels, strict=True))
+        named["parent_gpu_uuid"] = parent
+        self.samples.append(Sample(self.name, named, value, timestamp))
+
+
+def mig_parents(ledger: Ledger) -> dict[str, str]:
+    """MIG device UUID -> its GPU's UUID."""
+    return {m.uuid: g.uuid for g in ledger.gpus for m in g.mig_devices}
+
+
 def gpu_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     info = _gauge(
@@ -64,9 +101,22 @@ def gpu_families(ledger: Ledger) -> Iterator[Metric]:
         "One per GPU: identity attributes. Join on gpu_uuid; gpu_index is host-local.",
         ["gpu_uuid", "gpu_index", "model", "pci_bus_id", "mig_mode"],
     )
-    up = _gauge("gpuledger_gpu_up", "1 if every NVML query for this GPU succeeded.", ["gpu_uuid"])
-    total = _gauge("gpuledger_gpu_memory_total_bytes", "GPU memory size (NVML).", ["gpu_uuid"])
-    used = _gauge("gpuledger_gpu_memory_used_bytes", "GPU memory in use (NVML).", ["gpu_uuid"])
+    parents = mig_parents(ledger)
+    up = _DeviceGauge(
+        "gpuledger_gpu_up", "1 if every NVML query for this GPU succeeded.", ["gpu_uuid"], parents
+    )
+    total = _DeviceGauge(
+        "gpuledger_gpu_memory_total_bytes", "GPU memory size (NVML).", ["gpu_uuid"], parents
+    )
+    used = _DeviceGauge(
+        "gpuledger_gpu_memory_used_bytes", "GPU memory in use (NVML).", ["gpu_uuid"], parents
+    )
+    mig_info = _gauge(
+        "gpuledger_mig_device_info",
+        "One per MIG device (gpu_uuid: its MIG UUID) of a GPU in MIG mode: its GPU, MIG "
+        "device index, GPU and compute instance ids and profile.",
+        MIG_INFO_LABELS,
+    )
     util = _gauge(
         "gpuledger_gpu_utilization_ratio",
         "Fraction of the last sample period a kernel ran on the GPU (NVML), 0-1.",
@@ -81,37 +131,57 @@ def gpu_families(ledger: Ledger) -> Iterator[Metric]:
             used.add_metric([node, gpu.uuid], gpu.memory_used_bytes)
         if gpu.utilization_ratio is not None:
             util.add_metric([node, gpu.uuid], gpu.utilization_ratio)
+        for mig in gpu.mig_devices:  # NVML has no utilization for them
+            mig_info.add_metric([node, *_mig_values(mig)], 1)
+            up.add_metric([node, mig.uuid], 1 if mig.up else 0)
+            if mig.memory_total_bytes is not None:
+                total.add_metric([node, mig.uuid], mig.memory_total_bytes)
+            if mig.memory_used_bytes is not None:
+                used.add_metric([node, mig.uuid], mig.memory_used_bytes)
     yield from (info, up, total, used, util)
+    if mig_info.samples:  # a node without MIG keeps its exposition as it was
+        yield mig_info
+
+
+def _mig_values(mig: MigDevice) -> list[str]:
+    ids = (mig.gpu_instance_id, mig.compute_instance_id)
+    instance, compute = ("" if i is None else str(i) for i in ids)
+    return [mig.uuid, mig.parent_uuid, str(mig.index), instance, compute, mig.profile]
 
 
 def container_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     labels = ["gpu_uuid", *CONTAINER_LABELS]
-    memory = _gauge(
+    parents = mig_parents(ledger)
+    memory = _DeviceGauge(
         "gpuledger_container_gpu_memory_used_bytes",
         "GPU memory held by a container's processes on one GPU (NVML per-process, summed).",
         labels,
+        parents,
     )
-    count = _gauge(
+    count = _DeviceGauge(
         "gpuledger_container_gpu_processes",
         "Processes of a container holding a context on one GPU.",
         labels,
+        parents,
     )
     for row in ledger.usage:
         values = [node, row.gpu_uuid, *_container_values(row.container)]
         memory.add_metric(values, row.memory_used_bytes)
         count.add_metric(values, row.processes)
-    unattributed = _gauge(
+    unattributed = _DeviceGauge(
         "gpuledger_unattributed_gpu_memory_used_bytes",
         "GPU memory held by processes that belong to no pod (host processes).",
         ["gpu_uuid"],
+        parents,
     )
     for uuid, used in sorted(ledger.unattributed.items()):
         unattributed.add_metric([node, uuid], used)
-    devices = _gauge(
+    devices = _DeviceGauge(
         "gpuledger_container_device_info",
         "Container ordinal local_index (CUDA device N inside the container) is host GPU gpu_uuid.",
         [*CONTAINER_LABELS[:4], "local_index", "gpu_uuid", "source"],
+        parents,
     )
     for mapping in ledger.device_maps:
         devices.add_metric(
@@ -129,25 +199,29 @@ def container_families(ledger: Ledger) -> Iterator[Metric]:
 
 def kubernetes_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
-    allocation = _gauge(
+    parents = mig_parents(ledger)
+    allocation = _DeviceGauge(
         "gpuledger_gpu_allocation_info",
         "1: the kubelet (PodResources) says this container holds this GPU.",
         ["gpu_uuid", *CONTAINER_LABELS[:4], "resource"],
+        parents,
     )
     for a in ledger.allocations:
         allocation.add_metric(
             [node, a.gpu_uuid, *_container_values(a.container)[:4], a.resource], 1
         )
     labels = ["gpu_uuid", *CONTAINER_LABELS]
-    unused = _gauge(
+    unused = _DeviceGauge(
         "gpuledger_gpu_allocated_unused",
         "1: GPU allocated to the container, but none of its processes has a context on it.",
         labels,
+        parents,
     )
-    unallocated = _gauge(
+    unallocated = _DeviceGauge(
         "gpuledger_gpu_unallocated_use",
         "1: a container's process uses this GPU although it is not allocated to it.",
         labels,
+        parents,
     )
     families = {"allocated_unused": unused, "unallocated_use": unallocated}
     for d in ledger.discrepancies:
@@ -216,10 +290,11 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
         "1: the engine's configuration (whitelisted API-server flags and cache config).",
         [*ENGINE_LABELS, *CONFIG_LABELS],
     )
-    gpu = _gauge(
+    gpu = _DeviceGauge(
         "gpuledger_engine_gpu_info",
         "1: a process of the engine (role engine_core or worker, rank) holds this GPU.",
         [*ENGINE_LABELS, "gpu_uuid", "role", "rank"],
+        mig_parents(ledger),
     )
     gpus = _gauge(
         "gpuledger_engine_gpus",
@@ -277,10 +352,11 @@ def ray_families(ledger: Ledger) -> Iterator[Metric]:
         "ALIVE Ray actors with num_gpus > 0 whose process holds no GPU memory (NVML).",
         [*POD_LABELS, "class_name"],
     )
-    memory = _gauge(
+    memory = _DeviceGauge(
         "gpuledger_ray_actor_gpu_memory_used_bytes",
         "GPU memory held by Ray actors' processes (actor PID -> host PID by NSpid -> NVML).",
         ["gpu_uuid", "namespace", "pod", "pod_uid", "class_name"],
+        mig_parents(ledger),
     )
     ray = ledger.ray
     if ray is not None:

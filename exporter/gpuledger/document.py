@@ -12,6 +12,7 @@ from typing import Any
 from gpuledger import __version__
 from gpuledger.collector import Published
 from gpuledger.ledger import ContainerRef, Ledger
+from gpuledger.model.nvml import MigDevice
 
 SCHEMA = "gpuledger.io/ledger/v1"
 
@@ -54,6 +55,24 @@ def _containers(ledger: Ledger) -> list[dict[str, Any]]:
             }
         )
     return [found[k] for k in sorted(found)]
+
+
+def _mig_device(mig: MigDevice, ledger: Ledger) -> dict[str, Any]:
+    """A MIG device under its GPU; containers, processes and discrepancies name it by
+    `uuid` (its MIG UUID) wherever they name a GPU."""
+    return {
+        "uuid": mig.uuid,
+        "parent_uuid": mig.parent_uuid,
+        "index": mig.index,
+        "gpu_instance_id": mig.gpu_instance_id,
+        "compute_instance_id": mig.compute_instance_id,
+        "profile": mig.profile,
+        "up": mig.up,
+        "error_reason": mig.error_reason,
+        "memory_total_bytes": mig.memory_total_bytes,
+        "memory_used_bytes": mig.memory_used_bytes,
+        "unattributed_memory_bytes": ledger.unattributed.get(mig.uuid),
+    }
 
 
 def _engines(ledger: Ledger) -> list[dict[str, Any]]:
@@ -184,6 +203,7 @@ def ledger_document(published: Published) -> dict[str, Any]:
                 "memory_used_bytes": g.memory_used_bytes,
                 "utilization_ratio": g.utilization_ratio,
                 "unattributed_memory_bytes": ledger.unattributed.get(g.uuid),
+                "mig_devices": [_mig_device(m, ledger) for m in g.mig_devices],
             }
             for g in ledger.gpus
         ],

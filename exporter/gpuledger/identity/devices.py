@@ -9,9 +9,13 @@ A process's `cuda:N` goes through two filters, and indices differ at every step:
 
 Everything is resolved to `HostGpu` entries (UUID-keyed), never left as indices.
 
-MIG convention: a MIG device's `HostGpu.index` is its parent's NVML index, and the MIG
-entries of one parent appear in `host` in NVML MIG-device-index order, which is what the
-toolkit's `<gpu>:<mig>` form counts.
+MIG convention: a MIG device's `HostGpu.index` is its parent's NVML index, its
+`mig_index` NVML's MIG device index (what the toolkit's `<gpu>:<mig>` form names; indices
+may have gaps), and the MIG entries of one parent appear in `host` in that order. A MIG
+device is named by its `MIG-<uuid>`, by
+`<gpu>:<mig>` (toolkit and device plugin, index strategy), or by the legacy
+`MIG-GPU-<parent uuid>/<gpu instance>/<compute instance>` (drivers before R470), which
+needs the instance ids NVML reports.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ __all__ = [
     "apply_cuda_visible_devices",
     "container_device_map",
     "cuda_enumeration_order",
+    "device_uuid",
     "parse_nvidia_visible_devices",
     "strip_replica_suffix",
 ]
@@ -38,10 +43,15 @@ class HostGpu:
     uuid: str  # "GPU-..." or "MIG-..."
     pci_bus_id: str
     mig_parent_uuid: str | None = None  # for MIG devices
+    # A MIG device's GPU and compute instance ids and MIG device index, where NVML gave them.
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    mig_index: int | None = None
 
 
 _DIGITS = re.compile(r"[0-9]+")
 _MIG_INDEX = re.compile(r"([0-9]+):([0-9]+)")
+_LEGACY_MIG = re.compile(r"mig-(gpu-[^/]+)/([0-9]+)/([0-9]+)", re.IGNORECASE)
 _PCI = re.compile(r"(?:([0-9a-f]+):)?([0-9a-f]+):([0-9a-f]+)\.([0-9a-f]+)")
 # Longer digit strings are out of range anyway; cutting them short also keeps int() clear
 # of Python's limit on converting very long digit strings.
@@ -86,9 +96,39 @@ def _in_host_order(gpus: Iterable[HostGpu], host: Sequence[HostGpu]) -> list[Hos
     return sorted(_dedupe(gpus), key=lambda g: position.get(g.uuid.lower(), len(position)))
 
 
+def _mig_at(migs: Sequence[HostGpu], mig_index: int) -> HostGpu | None:
+    """The MIG device the toolkit's `<gpu>:<mig>` names: `<mig>` is NVML's MIG device
+    index (indices may have gaps); by position only where NVML's index is not known."""
+    if any(g.mig_index is not None for g in migs):
+        return next((g for g in migs if g.mig_index == mig_index), None)
+    return migs[mig_index] if mig_index < len(migs) else None
+
+
+def _resolve_legacy_mig(entry: str, host: Sequence[HostGpu]) -> HostGpu | None:
+    """`MIG-GPU-<parent uuid>/<gi>/<ci>` -> the MIG device with those instance ids."""
+    m = _LEGACY_MIG.fullmatch(entry)
+    if m is None:
+        return None
+    parent, gi, ci = m.group(1).lower(), _small_int(m.group(2)), _small_int(m.group(3))
+    return next(
+        (
+            g
+            for g in host
+            if (g.mig_parent_uuid or "").lower() == parent
+            and (g.gpu_instance_id, g.compute_instance_id) == (gi, ci)
+            and gi is not None
+        ),
+        None,
+    )
+
+
 def _resolve_toolkit_id(entry: str, host: Sequence[HostGpu]) -> HostGpu | None:
-    """One toolkit / device-plugin device id: index, `<gpu>:<mig>`, GPU or MIG UUID."""
+    """One toolkit / device-plugin device id: index, `<gpu>:<mig>`, GPU or MIG UUID, or
+    the legacy `MIG-GPU-<uuid>/<gi>/<ci>`."""
     entry = entry.strip()
+    legacy = _resolve_legacy_mig(entry, host)
+    if legacy is not None:
+        return legacy
     index = _small_int(entry)
     if index is not None:
         return next((g for g in host if g.index == index and not _is_mig(g)), None)
@@ -103,7 +143,7 @@ def _resolve_toolkit_id(entry: str, host: Sequence[HostGpu]) -> HostGpu | None:
             migs = [g for g in host if (g.mig_parent_uuid or "").lower() == parent_uuid]
         else:  # parent not listed: fall back to MIG entries carrying its index
             migs = [g for g in host if _is_mig(g) and g.index == gpu_index]
-        return migs[mig_index] if mig_index < len(migs) else None
+        return _mig_at(migs, mig_index)
     wanted = entry.lower()
     return next((g for g in host if g.uuid.lower() == wanted), None)
 
@@ -154,6 +194,8 @@ def _resolve_cuda_entry(entry: str, visible: Sequence[HostGpu]) -> HostGpu | Non
     wanted = entry.lower()
     if not wanted.startswith(("gpu-", "mig-")):
         return None
+    if _LEGACY_MIG.fullmatch(wanted):
+        return _resolve_legacy_mig(wanted, visible)
     # CUDA accepts any prefix that names exactly one device; an exact match always does.
     matches = _dedupe(g for g in visible if g.uuid.lower().startswith(wanted))
     return matches[0] if len(matches) == 1 else None
@@ -166,10 +208,10 @@ def apply_cuda_visible_devices(
 
     Unset: all of `visible`. Empty: none. Otherwise comma-separated entries, each an
     ordinal into `visible`, a `GPU-` UUID or unique UUID prefix, or a `MIG-` UUID (or
-    unique prefix). Like CUDA, parsing stops at the first invalid entry (out of range,
-    negative, unknown or ambiguous UUID, duplicate, anything else) and keeps the
-    entries before it. The legacy `MIG-GPU-<uuid>/<gi>/<ci>` form cannot be resolved
-    without GI/CI ids and counts as invalid.
+    unique prefix), or the legacy `MIG-GPU-<uuid>/<gi>/<ci>` (resolved by the instance
+    ids NVML reports; invalid where they are unknown). Like CUDA, parsing stops at the
+    first invalid entry (out of range, negative, unknown or ambiguous UUID, duplicate,
+    anything else) and keeps the entries before it.
     """
     if value is None:
         return tuple(visible)
@@ -182,6 +224,13 @@ def apply_cuda_visible_devices(
         seen.add(gpu.uuid.lower())
         chosen.append(gpu)
     return tuple(chosen)
+
+
+def device_uuid(device_id: str, host: Sequence[HostGpu]) -> str:
+    """The host UUID (as NVML spells it) a device plugin id names: a GPU or MIG UUID, an
+    index, `<gpu>:<mig>` or the legacy MIG form; the id itself when it names none."""
+    found = _resolve_toolkit_id(strip_replica_suffix(device_id), host)
+    return found.uuid if found is not None else device_id
 
 
 def strip_replica_suffix(device_id: str) -> str:

@@ -8,18 +8,18 @@ A fact that cannot be known because a source is down is left out, never guessed.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from gpuledger.identity.devices import HostGpu, container_device_map
+from gpuledger.identity.devices import HostGpu, container_device_map, device_uuid
 from gpuledger.ledger import caps
 from gpuledger.ledger.engines import Engine, build_engines, cap_engines, known_engine_ids
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.tree import ancestors
 from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
-from gpuledger.model.nvml import NVML, Gpu
+from gpuledger.model.nvml import NVML, Gpu, GpuProcess
 from gpuledger.model.podresources import PODRESOURCES, PodResourcesSnapshot
 from gpuledger.model.procfs import PROCESSES, ProcessInfo
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL, LocalRayNode
@@ -240,7 +240,33 @@ def container_of(info: ProcessInfo, pods: _Pods | None = None) -> ContainerRef |
 
 
 def host_gpus(gpus: Sequence[Gpu]) -> tuple[HostGpu, ...]:
-    return tuple(HostGpu(index=g.index, uuid=g.uuid, pci_bus_id=g.pci_bus_id) for g in gpus)
+    """Every GPU, each followed by its MIG devices in MIG device index order (the order
+    the `<gpu>:<mig>` form counts), which carry the parent's index and bus id."""
+    found: list[HostGpu] = []
+    for g in gpus:
+        found.append(HostGpu(index=g.index, uuid=g.uuid, pci_bus_id=g.pci_bus_id))
+        found.extend(
+            HostGpu(
+                index=g.index,
+                uuid=m.uuid,
+                pci_bus_id=g.pci_bus_id,
+                mig_parent_uuid=g.uuid,
+                gpu_instance_id=m.gpu_instance_id,
+                compute_instance_id=m.compute_instance_id,
+                mig_index=m.index,
+            )
+            for m in g.mig_devices
+        )
+    return tuple(found)
+
+
+def device_processes(gpus: Sequence[Gpu]) -> Iterator[tuple[str, Sequence[GpuProcess]]]:
+    """(device UUID, its processes) for every GPU and MIG device: a process on a MIG
+    device is counted there, by the MIG UUID, and never again on its GPU."""
+    for g in gpus:
+        yield g.uuid, g.processes
+        for m in g.mig_devices:
+            yield m.uuid, m.processes
 
 
 def _container_root_env(
@@ -266,17 +292,22 @@ def _container_root_env(
     return min(witnesses, key=lambda m: (depth(m), m.pid)).environ
 
 
-def _allocations(snapshot: PodResourcesSnapshot | None, pods: _Pods) -> tuple[Allocation, ...]:
+def _allocations(
+    snapshot: PodResourcesSnapshot | None, pods: _Pods, host: Sequence[HostGpu] = ()
+) -> tuple[Allocation, ...]:
     if snapshot is None:
         return ()
     found: dict[tuple[ContainerRef, str], Allocation] = {}
+    resolved: dict[str, str] = {}
     for item in snapshot.allocations:
         ref = pods.allocated_ref(item.namespace, item.pod, item.container)
         if ref is not None:
+            # An index id (`1`, `1:2` for a MIG device) is keyed by the UUID it names.
+            uuid = resolved.get(item.gpu_uuid)
+            if uuid is None:
+                uuid = resolved[item.gpu_uuid] = device_uuid(item.gpu_uuid, host)
             # Time-slicing replicas of one GPU in one container count once.
-            found.setdefault(
-                (ref, item.gpu_uuid), Allocation(ref, item.gpu_uuid, item.resource, item.device_id)
-            )
+            found.setdefault((ref, uuid), Allocation(ref, uuid, item.resource, item.device_id))
     return tuple(found[k] for k in sorted(found, key=_ref_and_uuid))
 
 
@@ -384,9 +415,9 @@ def build_ledger(
     pod_index = _Pods(pods)
 
     memory_by_pid: dict[int, list[tuple[str, int | None]]] = defaultdict(list)
-    for gpu in gpus:
-        for proc in gpu.processes:
-            memory_by_pid[proc.pid].append((gpu.uuid, proc.used_memory_bytes))
+    for device, on_device in device_processes(gpus):
+        for proc in on_device:
+            memory_by_pid[proc.pid].append((device, proc.used_memory_bytes))
 
     refs = {pid: container_of(info, pod_index) for pid, info in process_table.items()}
     members: dict[ContainerRef, list[ProcessInfo]] = defaultdict(list)
@@ -394,7 +425,7 @@ def build_ledger(
         if ref is not None:
             members[ref].append(process_table[pid])
 
-    allocations = _allocations(podresources, pod_index)
+    allocations = _allocations(podresources, pod_index, host)
     maps = _device_maps(members, allocations, process_table, host)
     device_maps = tuple(
         DeviceMapping(ref, i, gpu.uuid, source)
@@ -432,8 +463,8 @@ def build_ledger(
         )
 
     if procs is not None:
-        for gpu in gpus:
-            unattributed.setdefault(gpu.uuid, 0)
+        for device, _ in device_processes(gpus):
+            unattributed.setdefault(device, 0)
     usage = tuple(
         ContainerGpuUsage(ref, uuid, usage_bytes[(ref, uuid)], usage_count[(ref, uuid)])
         for ref, uuid in sorted(usage_bytes, key=_ref_and_uuid)

@@ -63,6 +63,12 @@ class NvmlSnapshot:
     driver_version: str | None
     gpus: tuple[Gpu, ...]
 
+    def pids(self) -> set[int]:
+        """Every process NVML lists, on a GPU or on a MIG device."""
+        found = {p.pid for g in self.gpus for p in g.processes}
+        found.update(p.pid for g in self.gpus for m in g.mig_devices for p in m.processes)
+        return found
+
 
 # This source's snapshot in a cycle's Snapshots.
 NVML: Key[NvmlSnapshot] = Key("nvml")

@@ -198,6 +198,7 @@ def make_pod(
     deleting: bool = False,
     gpu_resource: str = "nvidia.com/gpu",
     annotations: Mapping[str, str] | None = None,
+    container_resources: Mapping[str, str] | None = None,
     ports: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """A Pod object as the API server returns it.
@@ -217,9 +218,11 @@ def make_pod(
         out = []
         for cname, gpus, _ in entries:
             resources: dict[str, Any] = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+            # A container may name its own, e.g. nvidia.com/mig-1g.10gb (MIG, mixed strategy).
+            resource = (container_resources or {}).get(cname, gpu_resource)
             if gpus:
-                resources["limits"] = {gpu_resource: str(gpus)}
-                resources["requests"][gpu_resource] = str(gpus)
+                resources["limits"] = {resource: str(gpus)}
+                resources["requests"][resource] = str(gpus)
             out.append(
                 {
                     "name": cname,

@@ -189,6 +189,7 @@ def pod_object(pod: SimPod, ip: str | None, vllm_port: int | None) -> dict[str, 
             (c.name, c.gpus, f"containerd://{c.id}" if c.id else None) for c in pod.containers
         ],
         conditions=conditions,
+        container_resources={c.name: c.gpu_resource for c in pod.containers},
         pod_ip=ip,
         scheduling_gates=("kueue.x-k8s.io/admission",)
         if pod.pending_reason == "SchedulingGated"

@@ -112,7 +112,7 @@ POD_KEYS = frozenset(
         "pending",
     }
 )
-CONTAINER_KEYS = frozenset({"name", "id", "gpus"})
+CONTAINER_KEYS = frozenset({"name", "id", "gpus", "gpu_resource"})
 OWNER_KEYS = frozenset({"kind", "name"})
 PENDING_KEYS = frozenset({"reason", "message"})
 PODRESOURCES_KEYS = frozenset({"allocations", "fault"})
@@ -243,7 +243,8 @@ class SimNvml:
 class SimContainer:
     name: str
     id: str | None  # runtime container ID (64 hex), as in the process's cgroup
-    gpus: int = 0  # nvidia.com/gpu limit
+    gpus: int = 0  # limit of gpu_resource
+    gpu_resource: str = "nvidia.com/gpu"  # e.g. nvidia.com/mig-1g.10gb
 
 
 @dataclass(frozen=True)
@@ -618,6 +619,9 @@ def _pod(doc: object, at: _Path, node: str) -> SimPod:
                 name=_str(cm.get("name"), at / "containers" / i / "name"),
                 id=None if cid is None else _str(cid, at / "containers" / i / "id"),
                 gpus=_int(cm.get("gpus", 0), at / "containers" / i / "gpus"),
+                gpu_resource=_str(
+                    cm.get("gpu_resource", "nvidia.com/gpu"), at / "containers" / i / "gpu_resource"
+                ),
             )
         )
     pending = _mapping(d.get("pending") or {}, at / "pending")

@@ -156,8 +156,8 @@ class ProcfsSource(Source[ProcSnapshot]):
         self._root = str(self.root)
 
     def fetch(self, inputs: Snapshots) -> ProcSnapshot:
-        gpus = nvml.gpus if (nvml := inputs.get(NVML)) else ()
-        return self.read(p.pid for gpu in gpus for p in gpu.processes)
+        nvml = inputs.get(NVML)
+        return self.read(nvml.pids() if nvml is not None else ())
 
     def read(self, pids: Iterable[int]) -> ProcSnapshot:
         if not self.root.is_dir():
