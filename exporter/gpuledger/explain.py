@@ -80,8 +80,35 @@ class Workload:
     ray_actors: list[Doc] = field(default_factory=list)
 
 
+def mig_view(mig: Doc, gpu: Doc) -> dict[str, Any]:
+    """A MIG device as explain shows a GPU: its GPU's host index and model, its own MIG
+    device index as `mig_index`, and `parent_uuid` (what makes it a MIG device here)."""
+    return {
+        **mig,
+        "index": gpu["index"],
+        "mig_index": mig["index"],
+        "model": gpu["model"],
+        "pci_bus_id": gpu["pci_bus_id"],
+        "mig_mode": gpu["mig_mode"],
+        "utilization_ratio": None,  # NVML has none for a MIG device
+    }
+
+
+def device_name(gpu: Mapping[str, Any]) -> str:
+    """`GPU-…`, or for a MIG device `MIG-… (GPU-… instance 3, 1g.10gb)`: the GPU instance
+    as nvidia-smi numbers it (GI), and the compute instance (CI) where it is not 0."""
+    if not gpu.get("parent_uuid"):
+        return str(gpu["uuid"])
+    ci = gpu.get("compute_instance_id")
+    compute = f" compute instance {ci}" if ci else ""
+    gi = "?" if gpu.get("gpu_instance_id") is None else gpu["gpu_instance_id"]
+    profile = gpu.get("profile") or "profile ?"
+    return f"{gpu['uuid']} ({gpu['parent_uuid']} instance {gi}{compute}, {profile})"
+
+
 class Fleet:
-    """Every document joined: nodes by name, GPUs by UUID, workloads by (ns, name)."""
+    """Every document joined: nodes by name, GPUs and MIG devices by UUID, workloads by
+    (ns, name)."""
 
     def __init__(self, docs: Sequence[Doc]) -> None:
         self.docs = docs
@@ -100,6 +127,8 @@ class Fleet:
         for doc in docs:
             for gpu in doc.get("gpus", []):
                 self.gpus[gpu["uuid"]] = (gpu, doc)
+                for mig in gpu.get("mig_devices") or []:
+                    self.gpus[mig["uuid"]] = (mig_view(mig, gpu), doc)
             for pod in doc.get("pods", []):
                 self._workload(pod["namespace"], pod["workload"]).pods.setdefault(
                     pod["uid"], {**pod, "node": pod.get("node") or doc["node"]}
@@ -212,7 +241,14 @@ def _gpu_label(fleet: Fleet, uuid: str) -> str:
     if entry is None:
         return uuid
     gpu, doc = entry
-    return f"{uuid} (index {gpu['index']} on {doc['node']}, {gpu['model']})"
+    return f"{device_name(gpu)} (index {gpu['index']} on {doc['node']}, {gpu['model']})"
+
+
+def _device_uuids(fleet: Fleet, gpu: Doc) -> set[str]:
+    """A GPU and its MIG devices (who holds one of them holds a part of the GPU)."""
+    found = {str(gpu["uuid"])}
+    found.update(u for u, (g, _) in fleet.gpus.items() if g.get("parent_uuid") == gpu["uuid"])
+    return found
 
 
 def _engine_issues(engines: Iterable[Doc]) -> list[str]:
@@ -260,6 +296,10 @@ def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]
                         "gpu_index": fleet.gpus[d["gpu_uuid"]][0]["index"]
                         if d["gpu_uuid"] in fleet.gpus
                         else None,
+                        # `MIG-… (GPU-… instance 3, 1g.10gb)` for a MIG device.
+                        "device": device_name(fleet.gpus[d["gpu_uuid"]][0])
+                        if d["gpu_uuid"] in fleet.gpus
+                        else d["gpu_uuid"],
                     }
                     for d in c["devices"]
                 ],
@@ -346,11 +386,11 @@ def select(
         return [fleet.workloads[(ns, name)]]
     if gpu is not None:
         found_gpu, _doc = fleet.find_gpu(gpu)
-        uuid = found_gpu["uuid"]
+        uuids = _device_uuids(fleet, found_gpu)
         holders = {
             (c["namespace"], c["workload"])
             for c in fleet.containers
-            if any(x["gpu_uuid"] == uuid for x in c["allocations"] + c["usage"])
+            if any(x["gpu_uuid"] in uuids for x in c["allocations"] + c["usage"])
         }
         return [fleet.workloads[k] for k in sorted(holders) if k in fleet.workloads]
     if engine is not None:
@@ -392,7 +432,12 @@ def explain(
         result["gpu"] = {
             **gpu,
             "node": doc["node"],
-            "host_processes": host_processes(fleet, gpu["uuid"], doc["node"]),
+            "device": device_name(gpu),
+            "host_processes": [
+                p
+                for uuid in sorted(_device_uuids(fleet, gpu))
+                for p in host_processes(fleet, uuid, doc["node"])
+            ],
         }
     return result
 
@@ -405,6 +450,7 @@ def host_processes(fleet: Fleet, uuid: str, node: str) -> list[dict[str, Any]]:
             "title": p["title"],
             "cuda_devices": p.get("cuda_devices"),
             "used_bytes": g["used_bytes"],
+            "gpu_uuid": uuid,
         }
         for p in fleet.processes
         if p["node"] == node and not p.get("container")
@@ -445,8 +491,10 @@ def render_text(result: Mapping[str, Any]) -> str:
         )
     gpu = result.get("gpu")
     if gpu:
+        kind = "MIG device" if gpu.get("parent_uuid") else "GPU"
         lines.append(
-            f"GPU {gpu['uuid']}  index {gpu['index']} on node {gpu['node']}  {gpu['model']}  "
+            f"{kind} {gpu.get('device') or gpu['uuid']}  index {gpu['index']} on node "
+            f"{gpu['node']}  {gpu['model']}  "
             f"{_bytes(gpu['memory_used_bytes'])} / {_bytes(gpu['memory_total_bytes'])} used"
             + ("" if gpu["up"] else f"  DOWN ({gpu['error_reason']})")
         )
@@ -509,7 +557,8 @@ def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
         lines.append(f"    container {c['container']}  id {c['container_id'][:12] or '?'}")
         for d in c["devices"]:
             lines.append(
-                f"      ordinal {d['local_index']} -> {d['gpu_uuid']}  host index "
+                f"      ordinal {d['local_index']} -> {d.get('device') or d['gpu_uuid']}  "
+                "host index "
                 f"{'?' if d.get('gpu_index') is None else d['gpu_index']} on {c['node']}  "
                 f"({d['source']})"
             )
@@ -532,12 +581,13 @@ def _cuda_name(process: Mapping[str, Any], uuid: str) -> str:
 
 
 def _host_process_lines(gpu: Mapping[str, Any]) -> list[str]:
-    uuid = gpu["uuid"]
-    lines = [
-        f"  host process {p['pid']} {p['title'] or '?'} (in no pod)  holds "
-        f"{_cuda_name(p, uuid)}{uuid} {_bytes(p['used_bytes'])}"
-        for p in gpu.get("host_processes") or []
-    ]
+    lines = []
+    for p in gpu.get("host_processes") or []:
+        uuid = p.get("gpu_uuid") or gpu["uuid"]  # on the GPU, or on one of its MIG devices
+        lines.append(
+            f"  host process {p['pid']} {p['title'] or '?'} (in no pod)  holds "
+            f"{_cuda_name(p, uuid)}{uuid} {_bytes(p['used_bytes'])}"
+        )
     unread = gpu.get("unattributed_memory_bytes")
     if not lines and unread:
         # NVML counts it outside every pod, but procfs could not name the process.

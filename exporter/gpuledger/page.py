@@ -7,7 +7,7 @@ import html
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuledger.explain import source_state, verdicts
 from gpuledger.verdict import workload_verdict
@@ -19,6 +19,7 @@ table{border-collapse:collapse;width:100%} th,td{border:1px solid #d0d7de;paddin
 text-align:left;vertical-align:top} th{background:#f3f4f6} code{font-size:12px}
 .bad{color:#b42318;font-weight:600} .ok{color:#067647} .muted{color:#667085}
 .stage{font-weight:600} .next{min-width:16em} a.runbook{white-space:nowrap}
+tr.mig td:first-child{padding-left:1.6em} tr.mig td{background:#f9fafb}
 """
 
 
@@ -105,30 +106,59 @@ def _gpu_rows(doc: Mapping[str, Any]) -> tuple[list[str], bool]:
         kind = d["kind"].replace("_", " ")
         issues[d["gpu_uuid"]].append(f"{kind}: {d['namespace']}/{d['pod']}")
     rows = []
+    who = _Who(allocated, used, hosts, issues)
     for g in doc.get("gpus", []):
-        state = (
-            '<span class="ok">up</span>'
-            if g["up"]
-            else (f'<span class="bad">down ({_e(g["error_reason"])})</span>')
-        )
-        host = g.get("unattributed_memory_bytes")
-        if host and not hosts[g["uuid"]]:  # NVML counts it outside every pod, unnamed
-            hosts[g["uuid"]].append(f"host processes: {_gib(host)}")
-        util = g["utilization_ratio"]
-        none = "<span class=muted>none</span>"
-        holders = "<br>".join(allocated[g["uuid"]]) or none
-        users = "<br>".join(used[g["uuid"]] + hosts[g["uuid"]]) or none
-        rows.append(
-            "<tr>"
-            f"<td>{_e(g['index'])}</td><td><code>{_e(g['uuid'])}</code></td>"
-            f"<td>{_e(g['model'])}</td><td>{state}</td>"
-            f"<td>{_gib(g['memory_used_bytes'])} / {_gib(g['memory_total_bytes'])}</td>"
-            f"<td>{'' if util is None else f'{util * 100:.0f}%'}</td>"
-            f"<td>{holders}</td><td>{users}</td>"
-            f"<td class=bad>{'<br>'.join(map(_e, issues[g['uuid']]))}</td>"
-            "</tr>"
-        )
+        rows.append(_gpu_row(g, _e(g["index"]), _e(g["model"]), who))
+        # Its MIG devices right under it, numbered <gpu>:<mig> as the toolkit names them.
+        for m in g.get("mig_devices") or []:
+            number = f"{_e(g['index'])}:{_e(m['index'])}"
+            rows.append(_gpu_row(m, number, _mig_shape(m), who, mig=True))
     return rows, both
+
+
+class _Who(NamedTuple):
+    """By device UUID (a GPU's or a MIG device's), as HTML: who holds it, who uses it,
+    which host processes hold memory there, and what the ledgers disagree on."""
+
+    allocated: dict[str, list[str]]
+    used: dict[str, list[str]]
+    hosts: dict[str, list[str]]
+    issues: dict[str, list[str]]
+
+
+MIG_TITLE = "a MIG device of the GPU above: GPU instance (GI), compute instance (CI), profile"
+
+
+def _mig_shape(mig: Mapping[str, Any]) -> str:
+    ids = f"GI {_e(mig['gpu_instance_id'])} · CI {_e(mig['compute_instance_id'])}"
+    return f'<span title="{_e(MIG_TITLE)}">MIG {_e(mig["profile"])} ({ids})</span>'
+
+
+def _gpu_row(g: Mapping[str, Any], number: str, model: str, who: _Who, *, mig: bool = False) -> str:
+    """One row of the GPU table: a GPU, or (`mig`) one of its MIG devices."""
+    allocated, used, hosts, issues = who
+    state = (
+        '<span class="ok">up</span>'
+        if g["up"]
+        else (f'<span class="bad">down ({_e(g["error_reason"])})</span>')
+    )
+    host = g.get("unattributed_memory_bytes")
+    if host and not hosts[g["uuid"]]:  # NVML counts it outside every pod, unnamed
+        hosts[g["uuid"]].append(f"host processes: {_gib(host)}")
+    util = g.get("utilization_ratio")  # none for a MIG device, nor in MIG mode
+    none = "<span class=muted>none</span>"
+    holders = "<br>".join(allocated[g["uuid"]]) or none
+    users = "<br>".join(used[g["uuid"]] + hosts[g["uuid"]]) or none
+    return (
+        f"<tr{' class=mig' if mig else ''}>"
+        f"<td>{number}</td><td><code>{_e(g['uuid'])}</code></td>"
+        f"<td>{model}</td><td>{state}</td>"
+        f"<td>{_gib(g['memory_used_bytes'])} / {_gib(g['memory_total_bytes'])}</td>"
+        f"<td>{'' if util is None else f'{util * 100:.0f}%'}</td>"
+        f"<td>{holders}</td><td>{users}</td>"
+        f"<td class=bad>{'<br>'.join(map(_e, issues[g['uuid']]))}</td>"
+        "</tr>"
+    )
 
 
 def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
