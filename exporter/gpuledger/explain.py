@@ -166,7 +166,7 @@ class Fleet:
         """The Ray cluster's workload, with the Ray work Ray cannot place as its pending
         placement. A cluster-mode exporter that does not know the RayCluster's namespace
         stands for every namespace with a workload of that name, as the recording rule
-        gpuledger:workloads:group does."""
+        namespace_workload:gpuledger_workloads:group does."""
         name = cluster["workload"]
         targets = [(cluster["namespace"], name)]
         if not cluster["namespace"]:
