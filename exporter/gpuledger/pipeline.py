@@ -65,7 +65,7 @@ def node_sources(config: PipelineConfig) -> list[Source[Any]]:
     deadline = config.source_deadline_seconds
     return [
         NvmlSource(config.nvml_library),
-        ProcfsSource(config.proc_root),
+        ProcfsSource(config.proc_root, socket_seconds=deadline * 0.2),
         PodResourcesSource(
             config.podresources_socket,
             config.gpu_resources,

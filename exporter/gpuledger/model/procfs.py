@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gpuledger.identity.cgroup import NO_IDENTITY, CgroupIdentity
 from gpuledger.model.base import frozen_map
@@ -26,9 +27,37 @@ class ProcessInfo:
     flags: Mapping[str, str] = field(default_factory=frozen_map)
 
 
+@dataclass(frozen=True, order=True)
+class ListenSocket:
+    """A TCP socket in LISTEN state: its local address ("0.0.0.0" or "::" for any
+    address; an IPv4-mapped IPv6 address as IPv4) and port."""
+
+    address: str
+    port: int
+
+
+# How an API server's listening sockets were read: its fds and its network namespace's
+# tables were read; a read was refused or failed (no SYS_PTRACE, process gone); the
+# procfs source's socket deadline passed first.
+SocketState = Literal["read", "unreadable", "timeout"]
+
+
+@dataclass(frozen=True)
+class ProcessSockets:
+    """The listening TCP sockets one vLLM API server holds (docs/design.md, identity
+    rule 6): what ties a scrape target's port to that process."""
+
+    state: SocketState
+    listening: tuple[ListenSocket, ...] = ()
+    netns: int | None = None  # inode of its network namespace (/proc/<pid>/ns/net)
+
+
 @dataclass(frozen=True)
 class ProcSnapshot:
     processes: Mapping[int, ProcessInfo]
+    # vLLM API server PID -> its listening sockets. Only API servers (the nearest
+    # ancestor of a `VLLM::` process that is not one) are read; others are absent.
+    sockets: Mapping[int, ProcessSockets] = field(default_factory=frozen_map)
 
 
 # This source's snapshot in a cycle's Snapshots.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from gpuledger.model import Snapshots, frozen_map
 from gpuledger.model.nvml import NVML
 from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
 from gpuledger.sources.base import Source, SourceError
+from gpuledger.sources.procfs_sockets import api_servers, read_sockets
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +153,11 @@ class ProcfsSource(Source[ProcSnapshot]):
     key = PROCESSES
     needs = (NVML,)
 
-    def __init__(self, proc_root: str = "/proc") -> None:
+    def __init__(self, proc_root: str = "/proc", socket_seconds: float = 1.0) -> None:
         self.root = Path(proc_root)
         self._root = str(self.root)
+        # The API servers' listening sockets get this long, inside the source's deadline.
+        self.socket_seconds = socket_seconds
 
     def fetch(self, inputs: Snapshots) -> ProcSnapshot:
         nvml = inputs.get(NVML)
@@ -174,7 +178,10 @@ class ProcfsSource(Source[ProcSnapshot]):
                 f"none of the {len(wanted)} GPU processes NVML reports is under "
                 f"{str(self.root)!r}: run with hostPID: true and --proc-root at the host's /proc",
             )
-        return ProcSnapshot(processes=frozen_map(found))
+        # Which API server listens on which port: how each target finds its own server.
+        deadline = time.monotonic() + self.socket_seconds
+        sockets = read_sockets(self._root, api_servers(found), deadline)
+        return ProcSnapshot(processes=frozen_map(found), sockets=frozen_map(sockets))
 
     def _walk_up(self, pid: int, found: dict[int, ProcessInfo]) -> None:
         current: int | None = pid

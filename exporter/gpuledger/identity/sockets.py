@@ -1,0 +1,112 @@
+"""Listening TCP sockets from procfs text, and which of them serves a target. Pure.
+
+Formats (Documentation/networking/proc_net_tcp.rst, proc(5)):
+
+* `/proc/<pid>/net/tcp` and `tcp6` are the socket tables of that process's network
+  namespace: a header, then one line per socket, `sl local_address rem_address st
+  tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode …`. The kernel lists all
+  listening sockets first, then the established ones.
+* An address is `<IP>:<PORT>` in hex: the IP as the kernel's 32-bit words (one for IPv4,
+  four for IPv6), each printed in the host's byte order; the port as a number.
+* `st` is the TCP state in hex: `0A` LISTEN, `03` SYN_RECV.
+* `readlink /proc/<pid>/fd/<n>` of a socket reads `socket:[<inode>]`, and
+  `readlink /proc/<pid>/ns/net` reads `net:[<inode>]`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import sys
+from collections.abc import Iterable
+from typing import Literal
+
+from gpuledger.model.procfs import ListenSocket
+
+LISTEN = "0A"
+# Before Linux 4.4 a listener's pending connections were listed right after it: a
+# table still lists listeners while it shows these.
+SYN_RECV = "03"
+_LINK = re.compile(r"^([a-z]+):\[(\d+)\]$")
+_ANY = frozenset({"0.0.0.0", "::"})
+
+
+def parse_address(text: str, byteorder: str = sys.byteorder) -> tuple[str, int] | None:
+    """`0100007F:1F90` -> ("127.0.0.1", 8000) on a little-endian host; None if malformed.
+    An IPv4-mapped IPv6 address is given as its IPv4 address."""
+    ip_hex, sep, port_hex = text.partition(":")
+    if not sep or len(ip_hex) not in (8, 32) or not 1 <= len(port_hex) <= 4:
+        return None
+    order: Literal["little", "big"] = "little" if byteorder == "little" else "big"
+    try:
+        raw = b"".join(
+            int(ip_hex[i : i + 8], 16).to_bytes(4, order) for i in range(0, len(ip_hex), 8)
+        )
+        port = int(port_hex, 16)
+    except ValueError:
+        return None
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), port
+
+
+def line_state(line: str) -> str | None:
+    """The `st` field of a table line; None for the header or a malformed line."""
+    fields = line.split(None, 4)
+    if len(fields) < 4 or not fields[0].endswith(":"):
+        return None
+    return fields[3]
+
+
+def parse_listener(line: str, byteorder: str = sys.byteorder) -> tuple[int, ListenSocket] | None:
+    """(inode, socket) of a LISTEN line; None for any other line."""
+    fields = line.split()
+    if len(fields) < 10 or not fields[0].endswith(":") or fields[3] != LISTEN:
+        return None
+    address = parse_address(fields[1], byteorder)
+    if address is None or not fields[9].isdigit():
+        return None
+    return int(fields[9]), ListenSocket(*address)
+
+
+def lists_listeners(state: str | None) -> bool:
+    """Whether the table may still list listeners after a line in `state` (the header
+    too): once it shows an established-side socket, no listener follows."""
+    return state is None or state in (LISTEN, SYN_RECV)
+
+
+def parse_link(text: str, kind: str) -> int | None:
+    """The inode of a `<kind>:[<inode>]` link (`socket`, `net`); None for anything else."""
+    match = _LINK.match(text)
+    if match is None or match.group(1) != kind:
+        return None
+    return int(match.group(2))
+
+
+def _host_ip(host: str) -> str | None:
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None  # a name: its address is not ours to resolve
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int] | None:
+    """`host:port[/path]` (EngineTarget.endpoint) -> (host, port); None without a port."""
+    address = endpoint.split("/", 1)[0]
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or (host.count(":") and not host.startswith("[")):
+        return None
+    return host.strip("[]"), int(port)
+
+
+def serves(sockets: Iterable[ListenSocket], host: str, port: int) -> bool:
+    """Whether one of `sockets` accepts connections to host:port: the same port, on any
+    address or on the host's own. A host name is not resolved: the port alone decides."""
+    ip = _host_ip(host)
+    return any(
+        s.port == port and (s.address in _ANY or ip is None or s.address == ip) for s in sockets
+    )

@@ -1,0 +1,156 @@
+"""The listening TCP sockets of vLLM API servers, read from procfs under a deadline.
+
+What ties a scrape target to its own API server (docs/design.md, identity rule 6): the
+target's port is a LISTEN socket in the server's network namespace, and the server holds
+that socket. For each API server: `ns/net` names its namespace; `fd/*` links name the
+sockets it holds; the namespace's `net/tcp` and `net/tcp6` (read once per namespace per
+cycle, through the first server in it) give each listening socket's address and port.
+
+Bounded: only API servers are read, at most MAX_FDS descriptors each (a server opens its
+listening socket at start, so it has a low number) and MAX_TABLE_LINES lines of a table
+(listeners come first: reading stops at the first established-side line), all under one
+deadline inside the procfs source's. Reading fds and `ns/net` is the same ptrace read
+check as `environ` (SYS_PTRACE); without it a server is `unreadable`, never an error.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+
+from gpuledger.identity.sockets import line_state, lists_listeners, parse_link, parse_listener
+from gpuledger.ledger.tree import ancestors
+from gpuledger.model.procfs import ListenSocket, ProcessInfo, ProcessSockets
+
+MAX_FDS = 4096
+MAX_TABLE_LINES = 8192
+_CHUNK = 64 * 1024
+_TABLES = ("tcp", "tcp6")
+_VLLM = "VLLM::"
+
+
+class _Timeout(Exception):
+    pass
+
+
+def api_servers(procs: Mapping[int, ProcessInfo]) -> set[int]:
+    """The nearest ancestor of each `VLLM::` process that is not one itself: the vLLM
+    API servers, the only processes whose sockets are read."""
+    found: set[int] = set()
+    for info in procs.values():
+        if not info.title.startswith(_VLLM):
+            continue
+        server = next((p for p in ancestors(info, procs) if not p.title.startswith(_VLLM)), None)
+        if server is not None:
+            found.add(server.pid)
+    return found
+
+
+def read_sockets(root: str, pids: Iterable[int], deadline: float) -> dict[int, ProcessSockets]:
+    """Each PID's listening sockets, or why they are unknown; returns by `deadline`."""
+    tables: dict[int, Mapping[int, ListenSocket] | None] = {}
+    found: dict[int, ProcessSockets] = {}
+    for pid in sorted(pids):
+        try:
+            found[pid] = _process_sockets(root, pid, tables, deadline)
+        except _Timeout:
+            found[pid] = ProcessSockets("timeout")
+    return found
+
+
+def _process_sockets(
+    root: str,
+    pid: int,
+    tables: dict[int, Mapping[int, ListenSocket] | None],
+    deadline: float,
+) -> ProcessSockets:
+    _check(deadline)
+    netns = _link(f"{root}/{pid}/ns/net", "net")
+    held = _socket_inodes(f"{root}/{pid}/fd", deadline)
+    if netns is None or held is None:
+        return ProcessSockets("unreadable", netns=netns)
+    if netns not in tables:
+        tables[netns] = _listeners(f"{root}/{pid}/net", deadline)
+    table = tables[netns]
+    if table is None:
+        return ProcessSockets("unreadable", netns=netns)
+    listening = sorted({table[i] for i in held if i in table})
+    return ProcessSockets("read", tuple(listening), netns)
+
+
+def _check(deadline: float) -> None:
+    if time.monotonic() >= deadline:
+        raise _Timeout
+
+
+def _link(path: str, kind: str) -> int | None:
+    try:
+        return parse_link(os.readlink(path), kind)
+    except OSError:  # no permission (no SYS_PTRACE), or the process is gone
+        return None
+
+
+def _socket_inodes(fd_dir: str, deadline: float) -> set[int] | None:
+    """Inodes of the sockets among a process's first MAX_FDS descriptors; None when its
+    fd directory cannot be read."""
+    inodes: set[int] = set()
+    try:
+        with os.scandir(fd_dir) as entries:
+            for count, entry in enumerate(entries):
+                if count >= MAX_FDS:
+                    break
+                if count % 256 == 0:
+                    _check(deadline)
+                inode = _link(entry.path, "socket")
+                if inode is not None:
+                    inodes.add(inode)
+    except OSError:
+        return None
+    return inodes
+
+
+def _listeners(net_dir: str, deadline: float) -> Mapping[int, ListenSocket] | None:
+    """Listening socket inode -> address and port, from one namespace's tcp and tcp6;
+    None when neither table can be read."""
+    found: dict[int, ListenSocket] = {}
+    read_any = False
+    for name in _TABLES:
+        read_any |= _read_table(f"{net_dir}/{name}", found, deadline)
+    return found if read_any else None
+
+
+def _read_table(path: str, found: dict[int, ListenSocket], deadline: float) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # tcp6 is absent on a kernel without IPv6
+        return False
+    try:
+        _scan(fd, found, deadline)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _scan(fd: int, found: dict[int, ListenSocket], deadline: float) -> None:
+    """Listeners from the table open on `fd`, line by line as it is read, until the
+    first established-side line or MAX_TABLE_LINES."""
+    pending = b""
+    lines = 0
+    while lines < MAX_TABLE_LINES:
+        _check(deadline)
+        chunk = os.read(fd, _CHUNK)
+        if not chunk:
+            return
+        *complete, pending = (pending + chunk).split(b"\n")
+        for raw in complete[: MAX_TABLE_LINES - lines]:
+            line = raw.decode("ascii", errors="replace")
+            state = line_state(line)
+            if not lists_listeners(state):
+                return
+            parsed = parse_listener(line)
+            if parsed is not None:
+                found[parsed[0]] = parsed[1]
+        lines += len(complete)

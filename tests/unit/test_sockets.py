@@ -1,0 +1,241 @@
+"""Listening sockets from /proc: the table parser on real lines, fd links, namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuledger.identity.cgroup import NO_IDENTITY
+from gpuledger.identity.sockets import (
+    parse_address,
+    parse_link,
+    parse_listener,
+    serves,
+    split_endpoint,
+)
+from gpuledger.model.procfs import ListenSocket, ProcessInfo, ProcessSockets
+from gpuledger.sources import procfs_sockets
+from gpuledger.sources.procfs_sockets import api_servers, read_sockets
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "procfs"
+
+
+def _listeners(text: str) -> dict[int, ListenSocket]:
+    # The fixture was captured on x86_64: little-endian words, whatever runs the test.
+    found = (parse_listener(line, "little") for line in text.splitlines())
+    return dict(f for f in found if f is not None)
+
+
+def test_real_table_lines_give_each_listener_its_address_and_port() -> None:
+    expected = json.loads((FIXTURES / "expected.json").read_text())
+    found = _listeners((FIXTURES / "tcp").read_text())
+    found.update(_listeners((FIXTURES / "tcp6").read_text()))
+    # ::ffff:127.0.0.1 on an IPv6 socket is said as the IPv4 address it maps.
+    want = {
+        e["inode"]: ListenSocket(e["address"].removeprefix("::ffff:"), e["port"])
+        for e in expected
+        if e["listening"]
+    }
+    assert found == want
+    # Established and TIME_WAIT lines (inode 0) are no listeners.
+    assert not {e["inode"] for e in expected if not e["listening"]} & set(found)
+
+
+def test_live_table_and_fd_links_of_this_process() -> None:
+    """Listen here, then find the sockets the way the source does: this process's
+    namespace, its fd links, its own /proc/<pid>/net tables."""
+    v4 = socket.socket(socket.AF_INET)
+    v6 = socket.socket(socket.AF_INET6)
+    try:
+        v4.bind(("127.0.0.1", 0))
+        v4.listen(1)
+        v6.bind(("::", 0))
+        v6.listen(1)
+        pid = os.getpid()
+        got = read_sockets("/proc", [pid], time.monotonic() + 5)[pid]
+        assert got.state == "read"
+        assert got.netns == parse_link(os.readlink(f"/proc/{pid}/ns/net"), "net")
+        assert ListenSocket("127.0.0.1", v4.getsockname()[1]) in got.listening
+        assert ListenSocket("::", v6.getsockname()[1]) in got.listening
+    finally:
+        v4.close()
+        v6.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "order", "want"),
+    [
+        ("0100007F:1F40", "little", ("127.0.0.1", 8000)),
+        ("7F000001:1F40", "big", ("127.0.0.1", 8000)),
+        ("00000000:0050", "little", ("0.0.0.0", 80)),
+        ("00000000000000000000000001000000:1F41", "little", ("::1", 8001)),
+        ("0000000000000000FFFF00000100007F:1F40", "little", ("127.0.0.1", 8000)),
+        ("B80D0120000000000000000001000000:01BB", "little", ("2001:db8::1", 443)),
+        ("0100007F", "little", None),
+        ("0100007:1F40", "little", None),
+        ("0100007G:1F40", "little", None),
+        ("0100007F:", "little", None),
+    ],
+)
+def test_parse_address(text: str, order: str, want: tuple[str, int] | None) -> None:
+    assert parse_address(text, order) == want
+
+
+def test_parse_link() -> None:
+    assert parse_link("socket:[1324243]", "socket") == 1324243
+    assert parse_link("net:[4026531840]", "net") == 4026531840
+    assert parse_link("pipe:[12]", "socket") is None
+    assert parse_link("/dev/null", "socket") is None
+    assert parse_link("socket:[12]x", "socket") is None
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "want"),
+    [
+        ("10.0.0.5:8000", ("10.0.0.5", 8000)),
+        ("[::1]:8001", ("::1", 8001)),
+        ("engine.local:80/v1/metrics", ("engine.local", 80)),
+        ("<invalid url>", None),
+        ("10.0.0.5", None),
+    ],
+)
+def test_split_endpoint(endpoint: str, want: tuple[str, int] | None) -> None:
+    assert split_endpoint(endpoint) == want
+
+
+def test_serves_by_port_and_address() -> None:
+    anywhere = [ListenSocket("0.0.0.0", 8000)]
+    assert serves(anywhere, "10.0.0.5", 8000)
+    assert not serves(anywhere, "10.0.0.5", 8001)
+    only = [ListenSocket("127.0.0.2", 8000)]
+    assert serves(only, "127.0.0.2", 8000)
+    assert not serves(only, "127.0.0.3", 8000)
+    assert serves(only, "engine.local", 8000)  # a name is not resolved: the port decides
+    assert serves([ListenSocket("::", 8000)], "::1", 8000)
+    assert serves([ListenSocket("::1", 8000)], "::1", 8000)
+    assert serves([ListenSocket("127.0.0.1", 8000)], "::ffff:127.0.0.1", 8000)
+
+
+def _proc(pid: int, ppid: int, title: str) -> ProcessInfo:
+    return ProcessInfo(pid=pid, ppid=ppid, nspid=(pid,), title=title, cgroup=NO_IDENTITY)
+
+
+def test_api_servers_are_the_nearest_plain_ancestors() -> None:
+    procs = {
+        p.pid: p
+        for p in (
+            _proc(1, 0, "systemd"),
+            _proc(10, 1, "vllm"),
+            _proc(11, 10, "VLLM::EngineCore"),
+            _proc(12, 11, "VLLM::Worker_TP0"),
+            _proc(20, 1, "python3"),
+            _proc(21, 20, "VLLM::EngineCore_DP0"),
+            _proc(30, 1, "python3"),  # no vLLM child: not read
+            _proc(40, 99, "VLLM::EngineCore"),  # parent unknown: no server
+        )
+    }
+    assert api_servers(procs) == {10, 20}
+
+
+# ------------------------------------------------------------------ a synthetic root
+
+
+def _table(lines: list[str]) -> str:
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+    return "\n".join([header, *lines]) + "\n"
+
+
+def _line(n: int, local: str, state: str, inode: int) -> str:
+    return (
+        f"{n:4d}: {local} 00000000:0000 {state} 00000000:00000000 00:00000000 00000000"
+        f"     0        0 {inode} 1 0000000000000000 100 0 0 10 0"
+    )
+
+
+def _root(tmp_path: Path, pid: int, netns: int, held: list[int], tcp: str) -> None:
+    base = tmp_path / str(pid)
+    (base / "fd").mkdir(parents=True)
+    (base / "ns").mkdir()
+    (base / "net").mkdir()
+    os.symlink(f"net:[{netns}]", base / "ns" / "net")
+    os.symlink("/dev/null", base / "fd" / "0")
+    for i, inode in enumerate(held, start=3):
+        os.symlink(f"socket:[{inode}]", base / "fd" / str(i))
+    (base / "net" / "tcp").write_text(tcp)
+
+
+def test_one_table_per_namespace(tmp_path: Path) -> None:
+    # Little-endian words, as this machine writes them: the parser reads sys.byteorder.
+    port = 0x1F40
+    local = f"{int.from_bytes(bytes([127, 0, 0, 1]), 'little'):08X}:{port:04X}"
+    tcp = _table([_line(0, local, "0A", 501), _line(1, local, "0A", 502)])
+    _root(tmp_path, 10, 4026532001, [501, 777], tcp)
+    # The second server shares the namespace: its own table file is never opened.
+    _root(tmp_path, 20, 4026532001, [502], "garbage that would fail\n")
+    got = read_sockets(str(tmp_path), [10, 20], time.monotonic() + 5)
+    assert got[10] == ProcessSockets("read", (ListenSocket("127.0.0.1", 8000),), 4026532001)
+    assert got[20] == ProcessSockets("read", (ListenSocket("127.0.0.1", 8000),), 4026532001)
+
+
+def test_reading_stops_at_the_first_established_line(tmp_path: Path) -> None:
+    local = "00000000:1F40"
+    tcp = _table(
+        [
+            _line(0, local, "0A", 501),
+            _line(1, local, "03", 0),  # SYN_RECV, as old kernels list after a listener
+            _line(2, "00000000:1F41", "0A", 502),
+            _line(3, local, "01", 503),
+            _line(4, "00000000:1F42", "0A", 504),  # never listed after established
+        ]
+    )
+    _root(tmp_path, 10, 1, [501, 502, 504], tcp)
+    got = read_sockets(str(tmp_path), [10], time.monotonic() + 5)[10]
+    assert [s.port for s in got.listening] == [0x1F40, 0x1F41]
+
+
+def test_table_lines_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(procfs_sockets, "MAX_TABLE_LINES", 3)
+    tcp = _table([_line(i, f"00000000:{0x1F40 + i:04X}", "0A", 500 + i) for i in range(6)])
+    _root(tmp_path, 10, 1, [500 + i for i in range(6)], tcp)
+    got = read_sockets(str(tmp_path), [10], time.monotonic() + 5)[10]
+    assert [s.port for s in got.listening] == [0x1F40, 0x1F41]  # header + 2 lines
+
+
+def test_unreadable_and_missing_are_unreadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tcp = _table([_line(0, "00000000:1F40", "0A", 501)])
+    _root(tmp_path, 10, 1, [501], tcp)
+    _root(tmp_path, 20, 2, [501], tcp)
+    real = os.readlink
+
+    def denied(path: str | os.PathLike[str]) -> str:
+        if str(path).startswith(f"{tmp_path}/10/"):
+            raise PermissionError(13, "Permission denied")  # no SYS_PTRACE
+        return real(path)
+
+    monkeypatch.setattr(procfs_sockets.os, "readlink", denied)
+    got = read_sockets(str(tmp_path), [10, 20, 30], time.monotonic() + 5)
+    assert got[10].state == "unreadable"
+    assert got[20] == ProcessSockets("read", (ListenSocket("0.0.0.0", 8000),), 2)
+    assert got[30].state == "unreadable"  # gone
+
+
+def test_past_the_deadline_every_server_is_timeout(tmp_path: Path) -> None:
+    _root(tmp_path, 10, 1, [501], _table([_line(0, "00000000:1F40", "0A", 501)]))
+    got = read_sockets(str(tmp_path), [10], time.monotonic() - 1)
+    assert got == {10: ProcessSockets("timeout")}
+
+
+def test_fd_scan_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(procfs_sockets, "MAX_FDS", 2)
+    _root(tmp_path, 10, 1, [501, 502, 503], _table([_line(0, "00000000:1F40", "0A", 503)]))
+    got = read_sockets(str(tmp_path), [10], time.monotonic() + 5)[10]
+    assert got.state == "read"
+    assert len(os.listdir(tmp_path / "10" / "fd")) == 4
+    assert got.listening in ((), (ListenSocket("0.0.0.0", 0x1F40),))
