@@ -99,6 +99,13 @@ def _engines(ledger: Ledger) -> list[dict[str, Any]]:
                 "gpus": [{"gpu_uuid": g.gpu_uuid, "role": g.role, "rank": g.rank} for g in e.gpus],
                 "gpus_configured": e.gpus_configured,
                 "gpus_in_use": e.gpus_in_use,
+                # How its processes were found: the API server listening on the
+                # target's port, else the old one-server-per-pod rule (docs/explain.md).
+                "target": e.target,
+                "process_binding": e.process_binding,
+                "api_server_pid": e.api_server_pid,
+                "sockets": e.sockets,
+                "pids": list(e.pids),
             }
         )
     return out

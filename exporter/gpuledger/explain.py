@@ -548,6 +548,8 @@ def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
             f"  max_num_seqs {c.get('max_num_seqs') or '?'}  "
             f"KV blocks {c.get('num_gpu_blocks') or '?'} x {c.get('block_size') or '?'}"
         )
+        if e.get("process_binding") in ("only_api_server", "ambiguous"):  # the old rule
+            lines.append(f"      {_binding_text(e)}")
         if e["up"]:
             lines.append(
                 f"      queue: {e['requests_waiting']:g} waiting, {e['requests_running']:g} "
@@ -573,6 +575,27 @@ def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
             f"    process {p['pid']} {p['title'] or '?'}" + (f"  holds {held}" if held else "")
         )
     return lines
+
+
+_SOCKETS_UNKNOWN = {
+    "unreadable": "their sockets could not be read (the agent needs SYS_PTRACE)",
+    "timeout": "reading their sockets ran out of time",
+    "not_read": "their sockets were not read",
+}
+
+
+def _binding_text(e: Mapping[str, Any]) -> str:
+    """How an engine's processes were found when its sockets did not say (docs/explain.md,
+    `process_binding`)."""
+    binding, pids = e.get("process_binding"), e.get("pids") or []
+    own = f"processes {', '.join(str(p) for p in pids)}" if pids else "no processes"
+    why = _SOCKETS_UNKNOWN.get(e.get("sockets") or "", "none listens on its port")
+    if binding == "only_api_server":
+        return f"{own}: the only API server here ({why})"
+    return (
+        f"processes unknown: several API servers here and {why}, so its GPUs, flags "
+        "and parallelism are not joined"
+    )
 
 
 def _cuda_name(process: Mapping[str, Any], uuid: str) -> str:

@@ -191,7 +191,8 @@ def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
             f"<td>{_e(ns)}/{_e(name)}</td>"
             f"<td>{'<br>'.join(_e(p['name']) for p in g['pods'] + g['pending'])}</td>"
             f"<td class=stage>{_e(verdict.stage)}{reason}</td>"
-            f"<td>{len([e for e in g['engines'] if e['up']])}/{len(g['engines'])}</td>"
+            f"<td>{len([e for e in g['engines'] if e['up']])}/{len(g['engines'])}"
+            f"{_binding_note(g['engines'])}</td>"
             f"<td>{waiting:g}</td><td>{running:g}</td>"
             f"<td>{f'{max(kv) * 100:.0f}%' if kv else ''}</td>"
             f"<td>{'<br>'.join(map(_e, verdict.evidence))}</td>"
@@ -199,6 +200,20 @@ def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
             "</tr>"
         )
     return rows
+
+
+def _binding_note(engines: list[Mapping[str, Any]]) -> str:
+    """Engines whose processes could not be told apart from a sibling's (their API
+    servers' sockets unread): their GPUs, flags and parallelism are not joined."""
+    lost = [e for e in engines if e.get("process_binding") == "ambiguous"]
+    if not lost:
+        return ""
+    why = {e.get("sockets") for e in lost} - {"read", None}
+    reason = f" (sockets {', '.join(sorted(map(str, why)))})" if why else ""
+    return (
+        f'<br><span class=bad data-binding="ambiguous">{len(lost)} not joined to '
+        f"processes: several API servers here{_e(reason)}</span>"
+    )
 
 
 def _runbook_link(url: str | None) -> str:

@@ -2,7 +2,8 @@
 
 An engine is known from two sides: its `/metrics` (model, DP rank, queues, KV cache) and
 its process tree (API server -> `VLLM::EngineCore[_DP<r>]` -> `VLLM::Worker…`). The two
-meet on the Pod UID (empty for a process on a host without Kubernetes) and the DP rank.
+meet on the API server that listens on the target's port (ledger/binding.py), else on
+the Pod UID (empty for a process on a host without Kubernetes), and then on the DP rank.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass, field, replace
 
 from gpuledger.httpclient import safe_url
 from gpuledger.ledger import caps
+from gpuledger.ledger.binding import Binding, SocketsRead, bind_target
 from gpuledger.ledger.tree import ancestors
 from gpuledger.model import frozen_map
-from gpuledger.model.procfs import ProcessInfo
+from gpuledger.model.procfs import ProcessInfo, ProcessSockets
 from gpuledger.model.vllm import EngineMetrics, EngineScrape, VllmSnapshot
 
 _TITLE = re.compile(r"^VLLM::(EngineCore|Worker)((?:_[A-Z]+\d+)*)$")
@@ -82,14 +84,33 @@ class Engine:
     # Why the last scrape failed (refused, timeout, http_500, ...), when it did.
     error_reason: str | None = None
     error_message: str | None = None
+    # How the target was tied to its API server (ledger/binding.py), that server's PID,
+    # and how the candidates' sockets were read.
+    process_binding: Binding = "none"
+    api_server_pid: int | None = None
+    sockets: SocketsRead | None = None
+    # The engine's own processes: its API server, and the EngineCore and Workers of its
+    # DP rank under that server.
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Server:
+    """One API server and the vLLM processes under it."""
+
+    pid: int
+    flags: Mapping[str, str]  # whitelisted, with vLLM's defaults
+    by_rank: Mapping[int, tuple[VllmProcess, ...]]
 
 
 @dataclass(frozen=True)
 class _ProcessGroup:
     api_servers: frozenset[int]
+    # Of the only API server; empty with several.
     flags: Mapping[str, str]
-    # DP rank -> processes with their GPU memory holders
+    # DP rank -> every vLLM process of the pod (or host)
     by_rank: Mapping[int, tuple[VllmProcess, ...]]
+    servers: Mapping[int, _Server] = field(default_factory=frozen_map)
 
 
 def _api_server_of(pid: int, procs: Mapping[int, ProcessInfo]) -> int | None:
@@ -117,32 +138,39 @@ def _engine_rank(proc: VllmProcess, pid: int, procs: Mapping[int, ProcessInfo]) 
     return 0
 
 
+def _ranked(items: Sequence[tuple[VllmProcess, int]]) -> Mapping[int, tuple[VllmProcess, ...]]:
+    by_rank: dict[int, list[VllmProcess]] = defaultdict(list)
+    for proc, rank in items:
+        by_rank[rank].append(proc)
+    return frozen_map({r: tuple(sorted(p, key=lambda x: x.pid)) for r, p in by_rank.items()})
+
+
 def group_vllm_processes(procs: Mapping[int, ProcessInfo]) -> dict[str, _ProcessGroup]:
-    """vLLM process trees by Pod UID ("" = host processes)."""
+    """vLLM process trees by Pod UID ("" = host processes), and by API server in each."""
     members: dict[str, list[tuple[VllmProcess, int]]] = defaultdict(list)
-    servers: dict[str, set[int]] = defaultdict(set)
+    under: dict[str, dict[int, list[tuple[VllmProcess, int]]]] = defaultdict(dict)
     for pid, info in procs.items():
         parsed = parse_vllm_title(info.title, pid)
         if parsed is None:
             continue
         pod_uid = info.cgroup.pod_uid or ""
-        members[pod_uid].append((parsed, _engine_rank(parsed, pid, procs)))
+        item = (parsed, _engine_rank(parsed, pid, procs))
+        members[pod_uid].append(item)
         server = _api_server_of(pid, procs)
         if server is not None:
-            servers[pod_uid].add(server)
+            under[pod_uid].setdefault(server, []).append(item)
     groups: dict[str, _ProcessGroup] = {}
     for pod_uid, items in members.items():
-        by_rank: dict[int, list[VllmProcess]] = defaultdict(list)
-        for proc, rank in items:
-            by_rank[rank].append(proc)
-        api = frozenset(servers[pod_uid])
-        flags = procs[next(iter(api))].flags if len(api) == 1 else {}
+        servers = {
+            pid: _Server(pid, frozen_map({**_FLAG_DEFAULTS, **procs[pid].flags}), _ranked(mine))
+            for pid, mine in under[pod_uid].items()
+        }
+        only = next(iter(servers.values())) if len(servers) == 1 else None
         groups[pod_uid] = _ProcessGroup(
-            api_servers=api,
-            flags=frozen_map({**_FLAG_DEFAULTS, **flags} if len(api) == 1 else {}),
-            by_rank=frozen_map(
-                {r: tuple(sorted(p, key=lambda x: x.pid)) for r, p in by_rank.items()}
-            ),
+            api_servers=frozenset(servers),
+            flags=only.flags if only is not None else frozen_map(),
+            by_rank=_ranked(items),
+            servers=frozen_map(servers),
         )
     return groups
 
@@ -154,36 +182,39 @@ def _worker_rank(proc: VllmProcess, tp_size: int) -> str:
 
 
 def _engine_gpus(
-    group: _ProcessGroup | None, rank: int, gpu_by_pid: Mapping[int, Sequence[str]]
+    server: _Server | None, rank: int, gpu_by_pid: Mapping[int, Sequence[str]]
 ) -> tuple[EngineGpu, ...]:
-    # Two API servers in one pod (or on one host) cannot be told apart by PID ancestry
-    # alone: better no join than a wrong one.
-    if group is None or len(group.api_servers) != 1:
+    # No server: two API servers in one pod (or on one host) that their sockets did not
+    # tell apart. Better no join than a wrong one.
+    if server is None:
         return ()
-    tp_size = int(group.flags.get("tensor_parallel_size", "1") or 1)
+    try:
+        tp_size = int(server.flags.get("tensor_parallel_size", "1") or 1)
+    except ValueError:
+        tp_size = 1
     found = {
         EngineGpu(uuid, proc.role, _worker_rank(proc, tp_size))
-        for proc in group.by_rank.get(rank, ())
+        for proc in server.by_rank.get(rank, ())
         for uuid in gpu_by_pid.get(proc.pid, ())
     }
     return tuple(sorted(found, key=lambda g: (g.role, int(g.rank), g.gpu_uuid)))
 
 
-def _configured_gpus(group: _ProcessGroup | None) -> int | None:
-    if group is None:
+def _configured_gpus(server: _Server | None) -> int | None:
+    if server is None:
         return None
     try:
-        tp = int(group.flags.get("tensor_parallel_size", "1"))
-        pp = int(group.flags.get("pipeline_parallel_size", "1"))
+        tp = int(server.flags.get("tensor_parallel_size", "1"))
+        pp = int(server.flags.get("pipeline_parallel_size", "1"))
     except ValueError:
         return None  # a flag we cannot read as a number: unknown, not a guess
     return tp * pp
 
 
-def _config(group: _ProcessGroup | None, metrics: EngineMetrics | None) -> Mapping[str, str]:
+def _config(server: _Server | None, metrics: EngineMetrics | None) -> Mapping[str, str]:
     config: dict[str, str] = {}
-    if group is not None:
-        config.update(group.flags)
+    if server is not None:
+        config.update(server.flags)
     if metrics is not None:
         config.update(metrics.cache_config)
     return frozen_map(config)
@@ -204,11 +235,13 @@ def build_engines(
     procs: Mapping[int, ProcessInfo],
     gpu_by_pid: Mapping[int, Sequence[str]],
     known: Mapping[str, Sequence[tuple[str, str]]],
+    sockets: Mapping[int, ProcessSockets] | None = None,
 ) -> tuple[Engine, ...]:
     """Engines from this cycle's scrapes.
 
     `known` maps a target URL to the (model_name, engine) pairs it served before, so a
     target that stops answering keeps its series with up=0 instead of vanishing.
+    `sockets` are the API servers' listening sockets (ProcSnapshot.sockets).
     """
     if snapshot is None:
         return ()
@@ -217,7 +250,7 @@ def build_engines(
     for scrape in snapshot.scrapes:
         if not scrape.up and scrape.error_reason == "not_vllm":
             continue  # only a candidate (prometheus.io annotation), not an engine
-        engines.extend(_engines_of(scrape, groups, gpu_by_pid, known))
+        engines.extend(_engines_of(scrape, groups, gpu_by_pid, known, sockets or {}))
     return tuple(engines)
 
 
@@ -264,15 +297,19 @@ def _engines_of(
     groups: Mapping[str, _ProcessGroup],
     gpu_by_pid: Mapping[int, Sequence[str]],
     known: Mapping[str, Sequence[tuple[str, str]]],
+    sockets: Mapping[int, ProcessSockets],
 ) -> list[Engine]:
     target = scrape.target
     url = safe_url(target.url)
     group = groups.get(target.pod_uid)
+    bound = bind_target(target.endpoint, group.api_servers if group else (), sockets)
+    server = group.servers.get(bound.api_server or 0) if group is not None else None
 
     def engine(model: str, rank: str, metrics: EngineMetrics | None) -> Engine:
         rank_int = int(rank) if rank.isdigit() else 0
-        joined = group is not None and len(group.api_servers) == 1
-        gpus = _engine_gpus(group, rank_int, gpu_by_pid)
+        joined = server is not None
+        gpus = _engine_gpus(server, rank_int, gpu_by_pid)
+        own = server.by_rank.get(rank_int, ()) if server is not None else ()
         return Engine(
             url=url,
             target=target.endpoint,
@@ -285,12 +322,16 @@ def _engines_of(
             engine=rank,
             up=scrape.up,
             metrics=metrics,
-            config=_config(group, metrics),
+            config=_config(server, metrics),
             gpus=gpus,
-            gpus_configured=_configured_gpus(group) if joined else None,
+            gpus_configured=_configured_gpus(server) if joined else None,
             gpus_in_use=len({g.gpu_uuid for g in gpus}) if joined else None,
             error_reason=scrape.error_reason,
             error_message=scrape.error_message,
+            process_binding=bound.binding,
+            api_server_pid=bound.api_server,
+            sockets=bound.sockets,
+            pids=(server.pid, *(p.pid for p in own)) if server is not None else (),
         )
 
     if scrape.up:

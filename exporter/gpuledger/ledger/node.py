@@ -482,6 +482,7 @@ def build_ledger(
             process_table,
             gpu_by_pid,
             known_engine_ids(previous.engines) if previous is not None else {},
+            procs.sockets if procs is not None else None,
         )
     )
     ledger = Ledger(
