@@ -50,6 +50,7 @@ from gpuledger.sim.scenario import (
     SimVllm,
     mig_devices,
 )
+from gpuledger.sim.sockets import write_sockets
 
 _COMM_LIMIT = 15  # the kernel cuts comm to 15 bytes; titles live in cmdline
 
@@ -157,8 +158,8 @@ def _replace_file(path: Path, content: bytes) -> None:
     os.replace(temporary, path)
 
 
-def pod_object(pod: SimPod, ip: str | None, vllm_port: int | None) -> dict[str, Any]:
-    """The Pod as the API server would return it."""
+def pod_object(pod: SimPod, ip: str | None, vllm_port: int | str | None) -> dict[str, Any]:
+    """The Pod as the API server would return it (`vllm_port` may list several)."""
     annotations = dict(pod.annotations)
     if vllm_port is not None:
         # Point whichever discovery annotation the pod uses at the simulated engine.
@@ -261,12 +262,15 @@ class SimulatedNode:
             raise
 
     def _start_services(self, scenario: Scenario) -> None:
-        # Each engine gets its own loopback address, like a pod IP (any 127/8 works).
+        # Each pod's engines, and each static engine, get their own loopback address,
+        # like a pod IP (any 127/8 works); engines of one pod differ by port.
+        hosts: dict[str, str] = {}
         for i, sim in enumerate(scenario.vllm):
+            host = hosts.setdefault(sim.pod or sim.key, f"127.77.{i // 250}.{i % 250 + 1}")
             server = FakeVllmServer(
                 fake_engines(sim),
                 fault=sim.fault,  # type: ignore[arg-type]
-                host=f"127.77.{i // 250}.{i % 250 + 1}",
+                host=host,
             )
             self.engines[sim.key] = server.start()
         if scenario.pods is not None and self.in_cluster:
@@ -289,6 +293,7 @@ class SimulatedNode:
         """Make the simulated node look like `state` (a scenario, possibly at a phase)."""
         write_state(self.state_file, nvml_state(state))
         write_proc_root(self.proc_root, state.processes)
+        write_sockets(self.proc_root, state, self.engines)
         for sim in state.vllm:
             server = self.engines[sim.key]
             server.set_engines(fake_engines(sim))
@@ -357,9 +362,10 @@ class SimulatedNode:
         for key, pod in wanted.items():
             if self._pods.get(key) == pod:
                 continue
-            server = self.engines.get(key)
-            ip = server.host if server else pod.pod_ip
-            obj = pod_object(pod, ip, server.port if server else None)
+            servers = [self.engines[v.key] for v in state.vllm if v.pod == key]
+            ip = servers[0].host if servers else pod.pod_ip
+            ports = ",".join(str(s.port) for s in servers) or None
+            obj = pod_object(pod, ip, ports)
             if key in self._pods:
                 self.apiserver.update_pod(obj)
             else:

@@ -117,7 +117,7 @@ OWNER_KEYS = frozenset({"kind", "name"})
 PENDING_KEYS = frozenset({"reason", "message"})
 PODRESOURCES_KEYS = frozenset({"allocations", "fault"})
 ALLOCATION_KEYS = frozenset({"namespace", "pod", "container", "resource", "devices"})
-VLLM_KEYS = frozenset({"pod", "engines", "fault", "style"})
+VLLM_KEYS = frozenset({"pod", "name", "engines", "fault", "style", "api_server", "socket"})
 ENGINE_KEYS = frozenset(
     {
         "model_name",
@@ -156,7 +156,7 @@ PHASE_KEYS = frozenset(
 GPU_PATCH_KEYS = GPU_KEYS - {"uuid", "index"}
 PROCESS_PATCH_KEYS = PROCESS_KEYS - {"pid"}
 POD_PATCH_KEYS = POD_KEYS - {"namespace", "name"}
-VLLM_PATCH_KEYS = VLLM_KEYS - {"pod"}
+VLLM_PATCH_KEYS = VLLM_KEYS - {"pod", "name"}
 
 # Where each key set applies, as docs/scenarios.md heads its reference tables.
 OBJECT_KEYS: Mapping[str, frozenset[str]] = {
@@ -295,12 +295,16 @@ class SimEngine:
 class SimVllm:
     """One vLLM API server's /metrics: in a pod (`pod: ns/name`) or a static target."""
 
-    key: str  # the pod's ns/name, or static-<n>
+    key: str  # its name, else the pod's ns/name, else static-<n>
     pod: str | None
     engines: tuple[SimEngine, ...]
     fault: str
     style: str
     raw: Mapping[str, Any]
+    # The API server process listening on this target's port (None: the only one of
+    # its pod, or of the host's processes); whether the agent can read its sockets.
+    api_server: int | None = None
+    socket: str = "readable"  # readable | unreadable
 
 
 @dataclass(frozen=True)
@@ -713,13 +717,20 @@ def _vllm(doc: object, at: _Path, position: int) -> SimVllm:
         _engine(e, at / "engines" / i)
         for i, e in enumerate(_list(d.get("engines") or [{}], at / "engines"))
     )
+    name = None if d.get("name") is None else _str(d.get("name"), at / "name", "a name")
+    api_server = d.get("api_server")
+    socket = d.get("socket", "readable")
+    if socket not in ("readable", "unreadable"):
+        raise (at / "socket").fail("readable or unreadable", socket)
     return SimVllm(
-        key=pod if isinstance(pod, str) else f"static-{position}",
+        key=name or (pod if isinstance(pod, str) else f"static-{position}"),
         pod=pod if isinstance(pod, str) else None,
         engines=engines,
         fault=fault,
         style=style,
         raw=frozen_map(d),
+        api_server=None if api_server is None else _int(api_server, at / "api_server", 2),
+        socket=socket,
     )
 
 
@@ -1009,6 +1020,10 @@ def parse_scenario(doc: object, source: str) -> Scenario:
             raise (at / "vllm" / i / "pod").fail(
                 "namespace/name of a pod under kubernetes.pods", v.pod
             )
+        if v.api_server is not None and v.api_server not in {p.pid for p in processes}:
+            raise (at / "vllm" / i / "api_server").fail("the PID of a process", v.api_server)
+    # Two targets of one pod need names: phases find an entry by it.
+    _unique([v.key for v in vllm], at / "vllm", "entries per pod (name the others)")
     ray = _ray(d.get("ray"), at / "ray") if d.get("ray") is not None else None
     for i, rn in enumerate(ray.nodes if ray else ()):
         if rn.pod is not None and rn.pod not in known_pods:
