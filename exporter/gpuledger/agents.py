@@ -10,33 +10,45 @@ Interface (kept stable for its importers):
 
     Agent(node, namespace, pod, url, role)          # node None for the cluster view
     Agent.key                                        # node name, or "cluster"
+    AgentAccess(tls, ca_file, server_name, auth_file)  # how protected agents are read
+    AgentAccess.credentials() -> Credentials        # its TLS context and headers, read now
+    AgentAccessError                                 # a file of it cannot be used
     PodLister                                        # Protocol: list_pods(...)
-    find_agents(lister, *, namespace, nodes, via, api_url="") -> list[Agent]
+    find_agents(lister, *, namespace, nodes, via, api_url="", scheme="http") -> list[Agent]
     FetchResult(documents, failures)                 # both keyed by Agent.key
-    fetch_documents(agents, *, deadline_seconds, concurrency,
-                    headers=None, tls_context=None, max_body_bytes=...) -> FetchResult
+    fetch_documents(agents, *, deadline_seconds, concurrency, headers=None,
+                    tls_context=None, access=None, max_body_bytes=...) -> FetchResult
     query_nodes(lister, *, pod=None, workload=None, engine=None) -> set[str] | None
     ApiServer                                        # a PodLister over the API server
     connect(*, kubeconfig, context, deadline_seconds, ...) -> ApiServer
     read_for_query(api, *, via, namespace, deadline_seconds, concurrency=32,
-                   pod=/workload=/engine=/gpu=) -> FetchResult   # what explain reads
+                   access=None, pod=/workload=/engine=/gpu=) -> FetchResult  # explain's
 
 `via="direct"` reads `http://<pod IP>:<port>` (in the cluster); `via="proxy"` reads through
 the API server's pod proxy, `<api_url>/api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy`,
 with the caller's credentials (from a laptop). Every read goes through HttpClient: one
 deadline from connect to last byte, and a byte cap.
+
+Agents behind `--web-config-file` (the chart's `exporter.webConfig`) are read as
+`AgentAccess` says: `https://<pod IP>:<port>` directly, or `pods/https:<pod>:<port>/proxy`
+through the API server, which then speaks TLS to the pod without verifying its certificate
+(kube-apiserver's proxy transport skips verification: pods are addressed by IP); basic auth
+on direct reads only, since the API server strips the Authorization header it authenticates
+the caller with (kubernetes/kubernetes#38775).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
@@ -47,9 +59,13 @@ from gpuledger.identity.scheduling import workload_of
 
 __all__ = [
     "AGENT_SELECTOR",
+    "PROXY_REFUSES_AUTH",
     "Agent",
+    "AgentAccess",
+    "AgentAccessError",
     "ApiServer",
     "ClusterError",
+    "Credentials",
     "FetchResult",
     "PodLister",
     "connect",
@@ -73,10 +89,135 @@ MAX_LIST_BYTES = 64 * 1024 * 1024
 LIST_PAGE = 500
 MAX_LIST_PAGES = 40  # 20,000 pods: a list past that is not what we asked for
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+MAX_AUTH_FILE_BYTES = 4096
+SCHEMES = ("http", "https")
+PROXY_REFUSES_AUTH = (
+    "--agent-auth-file cannot be used with --via proxy: the API server takes the "
+    "Authorization header for itself and strips it before the pod (kubernetes/kubernetes"
+    "#38775); use --via direct from inside the cluster, or kubectl port-forward and "
+    "--from https://localhost:PORT"
+)
 
 
 class ClusterError(Exception):
     """The Kubernetes API could not be used: one line for the user, no secrets."""
+
+
+class AgentAccessError(ValueError):
+    """A file of AgentAccess cannot be used: one line naming the file, never its content."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What a direct read of an agent carries: the TLS context for https:// URLs (None:
+    HttpClient's default, the system's CAs and the URL's host name) and the headers (basic
+    auth's Authorization). `repr` leaves the headers out: they hold the password."""
+
+    tls_context: ssl.SSLContext | None
+    headers: Mapping[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class AgentAccess:
+    """How the node agents are read when `--web-config-file` protects them.
+
+    * `tls`: discovered agents serve HTTPS: `https://POD_IP:PORT`, or `https:POD:PORT` in a
+      pod proxy path. URLs given by address (`--agent-url`, `--from`) keep their own scheme.
+    * `ca_file`: the CA bundle the agents' certificate chain is verified against, alone
+      (the system's CAs are then not trusted). The agents are addressed by pod IP, which
+      their certificate rarely names (cert-manager's carries the Services' DNS names), so
+      with a CA file the chain is verified and the name only when `server_name` is given,
+      as Prometheus' `serverName` does: without it, any certificate that CA signed is
+      accepted, so use a CA that signs for gpuledger only, or give the name. Without a CA
+      file: the system's CAs, and the URL's host name (or `server_name`).
+    * `server_name`: the name the certificate must carry; also sent as SNI.
+    * `auth_file`: a file holding one line `USER:PASSWORD`, for basic auth. A file, never a
+      flag's or variable's value, so the password is in no process listing or pod spec; it
+      never appears in a message either. Sent on direct reads only: through the pod proxy
+      it cannot pass (PROXY_REFUSES_AUTH).
+
+    `credentials()` reads the files each time it is called (once per refresh of the agents'
+    documents): a rotated CA or password is used from the next refresh, without a restart.
+    """
+
+    tls: bool = False
+    ca_file: str | None = None
+    server_name: str | None = None
+    auth_file: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def credentials(self) -> Credentials:
+        """The TLS context and headers from the files as they are now; AgentAccessError
+        when one cannot be used."""
+        return Credentials(self._tls_context(), self._headers())
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self.ca_file and not self.server_name:
+            return None
+        context = _ServerNameContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, TLS 1.2+
+        context.server_name = self.server_name
+        if not self.ca_file:
+            context.load_default_certs()
+            return context
+        try:
+            context.load_verify_locations(cafile=self.ca_file)
+        except OSError as exc:  # ssl.SSLError is one too: not a PEM certificate
+            why = (
+                "no CA certificate in it"
+                if isinstance(exc, ssl.SSLError)
+                else f"cannot read it: {exc.strerror or type(exc).__name__}"
+            )
+            raise AgentAccessError(f"--agent-ca-file {self.ca_file}: {why}") from None
+        if not self.server_name:
+            context.check_hostname = False  # the chain is verified, not the pod IP
+        return context
+
+    def _headers(self) -> dict[str, str]:
+        if not self.auth_file:
+            return {}
+        try:
+            with open(self.auth_file, "rb") as f:
+                raw = f.read(MAX_AUTH_FILE_BYTES + 1)
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+            raise AgentAccessError(
+                f"--agent-auth-file {self.auth_file}: cannot read it: {why}"
+            ) from None
+        line = raw.rstrip(b"\r\n")
+        user, colon, _ = line.partition(b":")
+        if len(raw) > MAX_AUTH_FILE_BYTES or not colon or not user or b"\n" in line:
+            raise AgentAccessError(
+                f"--agent-auth-file {self.auth_file}: expected one line USER:PASSWORD"
+            )
+        return {"Authorization": "Basic " + base64.b64encode(line).decode("ascii")}
+
+
+class _ServerNameContext(ssl.SSLContext):
+    """Verifies `server_name` (and sends it as SNI) instead of the host connected to, when
+    set: http.client passes the URL's host, here a pod IP."""
+
+    server_name: str | None = None
+
+    def wrap_socket(  # noqa: PLR0917 (ssl.SSLContext.wrap_socket's signature)
+        self,
+        sock: socket.socket,
+        server_side: bool = False,
+        do_handshake_on_connect: bool = True,
+        suppress_ragged_eofs: bool = True,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLSocket:
+        return super().wrap_socket(
+            sock,
+            server_side=server_side,
+            do_handshake_on_connect=do_handshake_on_connect,
+            suppress_ragged_eofs=suppress_ragged_eofs,
+            server_hostname=self.server_name or server_hostname,
+            session=session,
+        )
 
 
 class PodLister(Protocol):
@@ -116,16 +257,20 @@ def find_agents(
     nodes: Collection[str] | None,
     via: str,
     api_url: str = "",
+    scheme: str = "http",
 ) -> list[Agent]:
     """The node agents on `nodes` (every node when None) and the cluster view, one per
-    key: where a rollout leaves two pods for a key, the Ready one, then the newest."""
+    key: where a rollout leaves two pods for a key, the Ready one, then the newest.
+    `scheme` is what the agents serve (https with `--web-config-file`'s TLS)."""
     if via not in ("direct", "proxy"):
         raise ValueError(f"via must be 'direct' or 'proxy', not {via!r}")
     if via == "proxy" and not api_url:
         raise ValueError("via='proxy' needs the API server's URL")
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be 'http' or 'https', not {scheme!r}")
     chosen: dict[str, tuple[tuple[bool, bool, str], Agent]] = {}
     for pod in lister.list_pods(namespace=namespace, label_selector=AGENT_SELECTOR):
-        agent = _agent_of(pod, via, api_url.rstrip("/"))
+        agent = _agent_of(pod, via, api_url.rstrip("/"), scheme)
         if agent is None or (
             agent.role == "node" and nodes is not None and agent.node not in nodes
         ):
@@ -137,7 +282,7 @@ def find_agents(
     return sorted(agents, key=lambda a: (a.role == "cluster", a.key))
 
 
-def _agent_of(pod: Pod, via: str, api_url: str) -> Agent | None:
+def _agent_of(pod: Pod, via: str, api_url: str, scheme: str) -> Agent | None:
     metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     role = (metadata.get("labels") or {}).get(COMPONENT_LABEL)
     port = _metrics_port(spec)
@@ -151,9 +296,12 @@ def _agent_of(pod: Pod, via: str, api_url: str) -> Agent | None:
     if not ip:
         url = ""  # neither way reaches a pod without an IP
     elif via == "direct":
-        url = f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}"
+        url = f"{scheme}://[{ip}]:{port}" if ":" in ip else f"{scheme}://{ip}:{port}"
     else:
-        url = f"{api_url}/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}:{port}/proxy"
+        # The pods/proxy subresource's name is [scheme:]name[:port]; https: makes the API
+        # server speak TLS to the pod.
+        target = f"{'https:' if scheme == 'https' else ''}{quote(name)}:{port}"
+        url = f"{api_url}/api/v1/namespaces/{quote(namespace)}/pods/{target}/proxy"
     return Agent(node=node, namespace=namespace, pod=name, url=url, role=role)
 
 
@@ -223,22 +371,31 @@ def read_for_query(
     namespace: str | None,
     deadline_seconds: float,
     concurrency: int = CONCURRENCY,
+    access: AgentAccess | None = None,
     **query: str | None,
 ) -> FetchResult:
     """The documents an explain query needs: the agents on its pods' nodes (all nodes for
     a GPU or a model name) and the cluster view, with a failure for every agent that
-    could not be read and every node where none was found."""
+    could not be read and every node where none was found. Through the proxy, `access`
+    gives the scheme only: the API server's credentials reach it, and it verifies nothing
+    of the pod's certificate; basic auth cannot pass (ValueError, PROXY_REFUSES_AUTH)."""
+    access = access or AgentAccess()
+    proxied = via == "proxy"
+    if proxied and access.auth_file:
+        raise ValueError(PROXY_REFUSES_AUTH)
     nodes = query_nodes(
         api, pod=query.get("pod"), workload=query.get("workload"), engine=query.get("engine")
     )
-    found = find_agents(api, namespace=namespace, nodes=nodes, via=via, api_url=api.url)
-    proxied = via == "proxy"
+    found = find_agents(
+        api, namespace=namespace, nodes=nodes, via=via, api_url=api.url, scheme=access.scheme
+    )
     result = fetch_documents(
         found,
         deadline_seconds=deadline_seconds,
         concurrency=concurrency,
         headers=api.headers() if proxied else None,
         tls_context=api.tls_context if proxied else None,
+        access=None if proxied else access,
     )
     keys = {a.key for a in found}
     for node in sorted(set(nodes or ()) - keys):
@@ -261,12 +418,23 @@ def fetch_documents(
     concurrency: int,
     headers: Mapping[str, str] | None = None,
     tls_context: ssl.SSLContext | None = None,
+    access: AgentAccess | None = None,
     max_body_bytes: int = MAX_DOCUMENT_BYTES,
 ) -> FetchResult:
     """Every agent's /ledger.json, `concurrency` at a time, all within one deadline: a
-    read gets the time left when it starts, so a slow agent delays no answer past it."""
+    read gets the time left when it starts, so a slow agent delays no answer past it.
+    `access` (direct reads only) gives the TLS context and headers, its files read now:
+    when one cannot be used, every agent's failure says so."""
     if deadline_seconds <= 0 or concurrency < 1:
         raise ValueError("deadline_seconds must be > 0 and concurrency >= 1")
+    if access is not None:
+        if headers or tls_context is not None:
+            raise ValueError("access is for direct reads: no headers or tls_context with it")
+        try:
+            credentials = access.credentials()
+        except AgentAccessError as exc:
+            return FetchResult({}, {a.key: f"{a.namespace}/{a.pod}: {exc}" for a in agents})
+        headers, tls_context = credentials.headers, credentials.tls_context
     reader = _Reader(
         time.monotonic() + deadline_seconds,
         deadline_seconds,

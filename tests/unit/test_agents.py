@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -17,12 +19,15 @@ import pytest
 from gpuledger.agents import (
     AGENT_SELECTOR,
     Agent,
+    AgentAccess,
+    AgentAccessError,
     ApiServer,
     ClusterError,
     connect,
     fetch_documents,
     find_agents,
     query_nodes,
+    read_for_query,
     tls_context_of,
 )
 from gpuledger.document import SCHEMA
@@ -32,6 +37,7 @@ from gpuledger.sim.fake_apiserver import (
     make_pod,
     self_signed_certificate,
 )
+from tests.certs import Issued, issue
 
 Pod = Mapping[str, Any]
 
@@ -155,20 +161,25 @@ def document(node: str) -> dict[str, Any]:
 
 
 class Agents:
-    """Loopback exporters answering GET /ledger.json with `body(path)`."""
+    """Loopback exporters answering GET /ledger.json with `body(path)`, over TLS when given
+    a server context; the Authorization header of every request is kept."""
 
     def __init__(self) -> None:
         self.servers: list[ThreadingHTTPServer] = []
         self.active = 0
         self.most_active = 0
+        self.authorizations: list[str | None] = []
         self.lock = threading.Lock()
 
-    def serve(self, body: Callable[[], bytes], pause: float = 0.0) -> str:
+    def serve(
+        self, body: Callable[[], bytes], pause: float = 0.0, tls: ssl.SSLContext | None = None
+    ) -> str:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 with outer.lock:
+                    outer.authorizations.append(self.headers.get("Authorization"))
                     outer.active += 1
                     outer.most_active = max(outer.most_active, outer.active)
                 time.sleep(pause)
@@ -185,9 +196,11 @@ class Agents:
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
+        if tls is not None:
+            server.socket = tls.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self.servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
+        return f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
 
     def close(self) -> None:
         for server in self.servers:
@@ -426,3 +439,177 @@ def test_tls_context_carries_the_ca_and_the_client_certificate(tmp_path: Path) -
     assert insecure is not None and insecure.verify_mode == ssl.CERT_NONE
     with pytest.raises(ClusterError, match="tls-server-name"):
         tls_context_of(_Configuration("https://x", tls_server_name="api.internal"))
+
+
+# --- agents behind --web-config-file (AgentAccess) ---
+
+PASSWORD = "s3cret:with:colons-do-not-print"
+
+
+def auth_file(tmp_path: Path, text: str = f"ledger-reader:{PASSWORD}\n") -> str:
+    path = tmp_path / "auth"
+    path.write_text(text)
+    return str(path)
+
+
+def basic(user_password: str) -> str:
+    return "Basic " + base64.b64encode(user_password.encode()).decode()
+
+
+def server_context(issued: Issued, sni: list[str] | None = None) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(issued.cert_file, issued.key_file)
+    if sni is not None:
+
+        def record(_sock: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: object) -> None:
+            sni.append(str(name))
+
+        context.sni_callback = record
+    return context
+
+
+def ledger(node: str) -> Callable[[], bytes]:
+    return lambda: json.dumps(document(node)).encode()
+
+
+def test_https_agents_at_their_pod_ip_and_through_the_proxy() -> None:
+    lister = Lister(*agent_pods())
+    direct = find_agents(lister, namespace=None, nodes={"gpu-a"}, via="direct", scheme="https")
+    assert [a.url for a in direct] == ["https://127.0.0.1:9402", "https://127.0.0.1:9404"]
+    proxied = find_agents(
+        lister,
+        namespace=None,
+        nodes={"gpu-a"},
+        via="proxy",
+        api_url="https://api.example:6443",
+        scheme="https",
+    )
+    # The pods/proxy name is [scheme:]name[:port]: https: makes the API server speak TLS.
+    assert [a.url for a in proxied] == [
+        "https://api.example:6443/api/v1/namespaces/gpuledger/pods/https:node-a:9402/proxy",
+        "https://api.example:6443/api/v1/namespaces/gpuledger/pods/https:cluster-0:9404/proxy",
+    ]
+    v6 = make_agent_pod("g", "n", component="node", node="x", port=9402, pod_ip="fd00::7")
+    found = find_agents(Lister(v6), namespace=None, nodes=None, via="direct", scheme="https")
+    assert found[0].url == "https://[fd00::7]:9402"
+    with pytest.raises(ValueError, match="scheme"):
+        find_agents(lister, namespace=None, nodes=None, via="direct", scheme="ftp")
+
+
+def test_basic_auth_goes_to_direct_reads_only(agents: Agents, tmp_path: Path) -> None:
+    access = AgentAccess(auth_file=auth_file(tmp_path))
+    url = agents.serve(ledger("gpu-a"))
+    port = int(url.rsplit(":", 1)[1])
+    result = fetch_documents(
+        [agent("gpu-a", url)], deadline_seconds=2, concurrency=1, access=access
+    )
+    assert result.documents["gpu-a"]["node"] == "gpu-a", result.failures
+    assert agents.authorizations == [basic(f"ledger-reader:{PASSWORD}")]
+    with pytest.raises(ValueError, match="direct reads"):
+        fetch_documents([], deadline_seconds=1, concurrency=1, headers={"X": "y"}, access=access)
+    with FakeApiServer(token="t0k") as api:
+        api.add_pod(make_agent_pod("g", "node-a", component="node", node="gpu-a", port=port))
+        server = ApiServer(
+            api.url,
+            authorization=lambda: "Bearer t0k",
+            tls_context=None,
+            deadline_seconds=2,
+            in_cluster=False,
+        )
+        # Through the pod proxy the API server would take the header for itself.
+        with pytest.raises(ValueError, match="--via direct"):
+            read_for_query(server, via="proxy", namespace=None, deadline_seconds=2, access=access)
+        assert api.requests["proxy"] == 0
+        direct = read_for_query(
+            server, via="direct", namespace=None, deadline_seconds=2, access=access
+        )
+        proxied = read_for_query(
+            server, via="proxy", namespace=None, deadline_seconds=2, access=AgentAccess()
+        )
+    assert direct.documents["gpu-a"] and proxied.documents["gpu-a"]
+    # Direct: the agents' credentials, never the caller's token; proxied: the API server's
+    # own request, the caller's headers left behind.
+    assert agents.authorizations[1:] == [basic(f"ledger-reader:{PASSWORD}"), None]
+    assert api.requests["proxy"] == 1
+
+
+def test_the_ca_verifies_the_chain_and_the_name_only_when_given(
+    agents: Agents, tmp_path: Path
+) -> None:
+    # cert-manager's kind of certificate: the Service's DNS name, not the pod IP read.
+    issued = issue(tmp_path / "agents", dns_names=("gpuledger.monitoring.svc",))
+    other = issue(tmp_path / "other", dns_names=("gpuledger.monitoring.svc",), ca_name="other")
+    sni: list[str] = []
+    url = agents.serve(ledger("gpu-a"), tls=server_context(issued, sni))
+
+    def read(**settings: Any) -> str:
+        access = AgentAccess(tls=True, **settings)
+        result = fetch_documents(
+            [agent("gpu-a", url)], deadline_seconds=3, concurrency=1, access=access
+        )
+        return "read" if "gpu-a" in result.documents else result.failures["gpu-a"]
+
+    assert read(ca_file=str(issued.ca_file)) == "read"  # the chain, not the IP
+    assert sni == ["None"]  # no SNI for an IP address
+    sni.clear()
+    named = read(ca_file=str(issued.ca_file), server_name="gpuledger.monitoring.svc")
+    assert named == "read" and sni == ["gpuledger.monitoring.svc"]
+    assert read(ca_file=str(issued.ca_file), server_name="other.monitoring.svc").endswith(
+        "(tls_error)"
+    )
+    assert read(ca_file=str(other.ca_file)).endswith("(tls_error)")  # another CA's chain
+    assert read().endswith("(tls_error)")  # the system's CAs, and the IP as the name
+    assert read(server_name="gpuledger.monitoring.svc").endswith("(tls_error)")
+    # A server certificate is not a CA: trusting it alone verifies nothing it did not sign.
+    assert read(ca_file=str(issued.cert_file)).endswith("(tls_error)")
+
+
+def test_access_files_that_cannot_be_used_are_one_line_without_their_content(
+    tmp_path: Path,
+) -> None:
+    def refused(**settings: Any) -> str:
+        with pytest.raises(AgentAccessError) as caught:
+            AgentAccess(**settings).credentials()
+        message = str(caught.value)
+        assert "\n" not in message and "do-not-print" not in message
+        return message
+
+    missing = str(tmp_path / "missing")
+    assert refused(auth_file=missing) == (
+        f"--agent-auth-file {missing}: cannot read it: No such file or directory"
+    )
+    assert refused(auth_file=str(tmp_path)).endswith("cannot read it: Is a directory")
+    no_colon = PASSWORD.replace(":", "")
+    for text in (no_colon, f":{PASSWORD}", f"user:{PASSWORD}\nmore", "x" * 5000 + ":y"):
+        assert refused(auth_file=auth_file(tmp_path, text)).endswith(
+            "expected one line USER:PASSWORD"
+        )
+    assert refused(ca_file=missing).endswith("cannot read it: No such file or directory")
+    not_pem = tmp_path / "not-a-ca"
+    not_pem.write_text(PASSWORD)
+    assert refused(ca_file=str(not_pem)) == f"--agent-ca-file {not_pem}: no CA certificate in it"
+    # Every agent read with access that cannot be used is named with the reason.
+    broken = AgentAccess(auth_file=missing)
+    result = fetch_documents(
+        [agent("a", "http://127.0.0.1:1"), agent("b", "")],
+        deadline_seconds=1,
+        concurrency=1,
+        access=broken,
+    )
+    assert result.failures["a"] == (
+        f"gpuledger/pod-a: --agent-auth-file {missing}: cannot read it: No such file or directory"
+    )
+    assert set(result.failures) == {"a", "b"}
+
+
+def test_credentials_are_read_each_time_and_never_printed(tmp_path: Path) -> None:
+    path = auth_file(tmp_path)
+    access = AgentAccess(auth_file=path)
+    first = access.credentials()
+    assert first.headers == {"Authorization": basic(f"ledger-reader:{PASSWORD}")}
+    assert PASSWORD not in repr(first) and "Basic" not in repr(first)
+    Path(path).write_text("ledger-reader:rotated\r\n")
+    assert access.credentials().headers == {"Authorization": basic("ledger-reader:rotated")}
+    assert AgentAccess().credentials().headers == {}
+    assert AgentAccess().credentials().tls_context is None  # HttpClient's default
+    assert AgentAccess(tls=True).scheme == "https" and AgentAccess().scheme == "http"

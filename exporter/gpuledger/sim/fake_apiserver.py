@@ -16,11 +16,14 @@ Only what an informer needs, with the real wire behaviour:
   as DELETED, one that starts matching as ADDED, as with the real watch cache. A watch
   from a resourceVersion older than the kept history gets `ERROR` with a `410` Status
   inside a 200 stream, as the real server sends it.
-* `GET /api/v1/namespaces/<ns>/pods/<name>:<port>/proxy/<path>`: the pods/proxy
+* `GET /api/v1/namespaces/<ns>/pods/[https:]<name>:<port>/proxy/<path>`: the pods/proxy
   subresource, forwarding a GET to the pod's `status.podIP` and port (a number or a
   container port's name) through HttpClient (`proxy_deadline`, `proxy_max_bytes`), the
-  caller's headers not forwarded; `404` for an unknown pod, `503` with a Status for a pod
-  without an IP or one that cannot be read; counted in `requests["proxy"]`.
+  caller's headers not forwarded (the real server strips the Authorization header too);
+  with the `https:` prefix over TLS, the pod's certificate not verified (kube-apiserver's
+  proxy transport skips verification: pods are addressed by IP); `404` for an unknown pod,
+  `503` with a Status for a pod without an IP or one that cannot be read (a TLS pod asked
+  without the prefix, a plain one with it); counted in `requests["proxy"]`.
 * faults (`set_fault`): `refuse` (listening socket closed, connections cut), `http_500`,
   `forbidden` (403), `unauthorized` (401), `hang` (requests and open watches stall until
   the fault is cleared), `garbage` (200 with an HTML page instead of JSON), `truncated`
@@ -740,7 +743,7 @@ class FakeApiServer:
     def _proxy(self, handler: _Handler, request: re.Match[str], query: str) -> None:
         """GET the pod's own path at its IP and port (a number or a port's name), as the
         pods/proxy subresource does; 503 with a Status when the pod cannot be reached."""
-        namespace, name, port, path = request.groups()
+        namespace, scheme, name, port, path = request.groups()
         with self._cond:
             self.requests["proxy"] += 1
             pod = copy.deepcopy(self._pods.get((namespace, name)))
@@ -753,9 +756,11 @@ class FakeApiServer:
             why = "the pod has no IP" if not ip else f"no port {port!r} on the pod"
             handler.send_json(503, _status(503, "ServiceUnavailable", why))
             return
-        target = f"http://{ip}:{number}{path or '/'}" + (f"?{query}" if query else "")
+        target = f"{scheme or 'http'}://{ip}:{number}{path or '/'}" + (f"?{query}" if query else "")
         client = HttpClient(
-            deadline_seconds=self.proxy_deadline, max_body_bytes=self.proxy_max_bytes
+            deadline_seconds=self.proxy_deadline,
+            max_body_bytes=self.proxy_max_bytes,
+            tls_context=_unverified_context(),
         )
         try:
             answer = client.get(target)  # the caller's Authorization stays here
@@ -950,8 +955,19 @@ class FakeApiServer:
                 self._cond.wait(max(0.01, wake - now))
 
 
-# /api/v1/namespaces/<ns>/pods/<name>:<port>/proxy[/<path>]
-_PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):([^/:]+)/proxy(/.*)?$")
+# /api/v1/namespaces/<ns>/pods/[http:|https:]<name>:<port>/proxy[/<path>]
+_PROXY = re.compile(
+    r"^/api/v1/namespaces/([^/]+)/pods/(?:(https?):)?([^/:]+):([^/:]+)/proxy(/.*)?$"
+)
+
+
+def _unverified_context() -> ssl.SSLContext:
+    """TLS to a pod as kube-apiserver's proxy transport speaks it: encrypted, the pod's
+    certificate not verified (InsecureSkipVerify: pods are addressed by IP)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def _port_number(pod: Mapping[str, Any], port: str) -> int | None:
