@@ -16,6 +16,7 @@ from prometheus_client.samples import Sample, Timestamp
 
 from gpuledger import __version__
 from gpuledger.ledger import ContainerRef, Ledger
+from gpuledger.ledger.engines import identity as engine_identity
 from gpuledger.model import SOURCE_STATES
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.nvml import MigDevice
@@ -32,6 +33,8 @@ MIG_INFO_LABELS = [
 POD_LABELS = ["namespace", "pod", "pod_uid", "workload"]
 # `target` (the scraped host:port) keeps two engines of one pod, or of no pod, apart.
 ENGINE_LABELS = [*POD_LABELS, "model_name", "engine", "target"]
+# A Ray-executor engine's identity on every node (docs/design.md, identity rule 9).
+RAY_ENGINE_LABELS = ["ray_job_id", "ray_driver_node_id"]
 CONFIG_LABELS = [
     "tensor_parallel_size",
     "pipeline_parallel_size",
@@ -332,6 +335,31 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
         if m.preemptions_total is not None:
             preemptions.add_metric(values, m.preemptions_total)
     yield from (up, requests, by_reason, kv, preemptions, config, gpu, gpus, max_seqs)
+    yield from engine_ray_families(ledger)
+
+
+def engine_ray_families(ledger: Ledger) -> Iterator[Metric]:
+    """Driver side of a Ray-executor engine: its Ray job and what Ray says of its workers
+    (docs/design.md, identity rule 9). Absent on a node without such engines."""
+    job = _gauge(
+        "gpuledger_engine_ray_job_info",
+        "1: the engine's EngineCore is the driver of this Ray job; its workers are Ray "
+        "actors on any node, reported there as gpuledger_ray_worker_info.",
+        [*ENGINE_LABELS, *RAY_ENGINE_LABELS],
+    )
+    workers = _gauge(
+        "gpuledger_engine_ray_workers",
+        "The engine's Ray worker actors on every node, by state (Ray's view).",
+        [*ENGINE_LABELS, "state"],
+    )
+    for e in ledger.engines:
+        if e.ray is None:
+            continue
+        values = [ledger.node, *engine_identity(e)]
+        job.add_metric([*values, e.ray.id.job_id, e.ray.id.driver_node_id], 1)
+        for state, count in sorted(e.ray.workers.items()):
+            workers.add_metric([*values, state], count)
+    yield from (f for f in (job, workers) if f.samples)
 
 
 def ray_families(ledger: Ledger) -> Iterator[Metric]:
@@ -377,6 +405,39 @@ def ray_families(ledger: Ledger) -> Iterator[Metric]:
         for m in ray.actor_memory:
             memory.add_metric([node, m.gpu_uuid, *_ray_pod(m.node.pod), m.class_name], m.used_bytes)
     yield from (nodes, actors, without, memory)
+    yield from ray_worker_families(ledger)
+
+
+def ray_worker_families(ledger: Ledger) -> Iterator[Metric]:
+    """Worker side of Ray-executor engines: the vLLM worker actors on this node's Ray
+    nodes, under their engine's cross-node identity. Absent on a node without any."""
+    ranks = ["bundle_index", "tp_rank", "pp_rank"]
+    info = _gauge(
+        "gpuledger_ray_worker_info",
+        "1 per vLLM worker actor (RayWorkerProc, RayWorkerWrapper) on this node's Ray nodes "
+        "whose process was looked up in NVML; ranks from its name (empty for the legacy "
+        "executor), bundle_index its placement group bundle.",
+        [*POD_LABELS, *RAY_ENGINE_LABELS, "class_name", *ranks],
+    )
+    memory = _DeviceGauge(
+        "gpuledger_ray_worker_gpu_memory_used_bytes",
+        "GPU memory a vLLM Ray worker's process holds (NVML by PID), per GPU.",
+        ["gpu_uuid", *POD_LABELS[:3], *RAY_ENGINE_LABELS, *ranks],
+        mig_parents(ledger),
+    )
+    for w in ledger.ray.workers if ledger.ray is not None else ():
+        pod = _ray_pod(w.node.pod)
+        engine = [w.engine.job_id, w.engine.driver_node_id]
+        labels = [_number(w.bundle_index), _number(w.ranks.tp), _number(w.ranks.pp)]
+        values = [ledger.node, *pod, _workload(w.node.pod), *engine]
+        info.add_metric([*values, w.class_name, *labels], 1)
+        for uuid, used in w.memory:
+            memory.add_metric([ledger.node, uuid, *pod, *engine, *labels], used)
+    yield from (f for f in (info, memory) if f.samples)
+
+
+def _number(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def ray_cluster_families(ledger: Ledger) -> Iterator[Metric]:

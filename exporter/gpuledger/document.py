@@ -12,6 +12,8 @@ from typing import Any
 from gpuledger import __version__
 from gpuledger.collector import Published
 from gpuledger.ledger import ContainerRef, Ledger
+from gpuledger.ledger.ray import RayWorker
+from gpuledger.ledger.rayengines import EngineRay
 from gpuledger.model.nvml import MigDevice
 
 SCHEMA = "gpuledger.io/ledger/v1"
@@ -106,9 +108,52 @@ def _engines(ledger: Ledger) -> list[dict[str, Any]]:
                 "api_server_pid": e.api_server_pid,
                 "sockets": e.sockets,
                 "pids": list(e.pids),
+                "ray": _engine_ray(e.ray),
             }
         )
     return out
+
+
+def _engine_ray(ray: EngineRay | None) -> dict[str, Any] | None:
+    """The Ray job the engine's EngineCore drives: its identity on every node, and the
+    Ray nodes holding its workers (whose node agents report them)."""
+    if ray is None:
+        return None
+    return {
+        "job_id": ray.id.job_id,
+        "driver_node_id": ray.id.driver_node_id,
+        "driver_pid": ray.driver_pid,
+        "driver_node_ip": ray.driver_node_ip,
+        "worker_class": ray.worker_class,
+        "workers": dict(ray.workers),
+        "world_size": ray.world_size,
+        "worker_nodes": [
+            {"ray_node_id": n.ray_node_id, "node_ip": n.node_ip, "workers": n.workers}
+            for n in ray.worker_nodes
+        ],
+    }
+
+
+def _ray_worker(w: RayWorker) -> dict[str, Any]:
+    pod = w.node.pod
+    return {
+        "namespace": pod.namespace if pod else "",
+        "pod": pod.name if pod else "",
+        "pod_uid": pod.uid if pod else "",
+        "workload": pod.workload if pod else "",
+        "ray_node_id": w.node.node.node_id,
+        "job_id": w.engine.job_id,
+        "driver_node_id": w.engine.driver_node_id,
+        "actor_id": w.actor_id,
+        "class_name": w.class_name,
+        "name": w.name,
+        "bundle_index": w.bundle_index,
+        "tp_rank": w.ranks.tp,
+        "pp_rank": w.ranks.pp,
+        "pid": w.pid,
+        "host_pid": w.host_pid,
+        "gpus": [{"gpu_uuid": u, "used_bytes": b} for u, b in w.memory],
+    }
 
 
 def _processes(ledger: Ledger) -> list[dict[str, Any]]:
@@ -126,7 +171,7 @@ def _processes(ledger: Ledger) -> list[dict[str, Any]]:
 
 
 def _ray(ledger: Ledger) -> dict[str, Any]:
-    out: dict[str, Any] = {"nodes": [], "actors": [], "cluster": None}
+    out: dict[str, Any] = {"nodes": [], "actors": [], "workers": [], "cluster": None}
     if ledger.ray is not None:
         for view in ledger.ray.nodes:
             pod = view.pod
@@ -157,6 +202,7 @@ def _ray(ledger: Ledger) -> dict[str, Any]:
                     "without_gpu_memory": row.without_memory,
                 }
             )
+        out["workers"] = [_ray_worker(w) for w in ledger.ray.workers]
     if ledger.ray_cluster is not None:
         c = ledger.ray_cluster
         out["cluster"] = {

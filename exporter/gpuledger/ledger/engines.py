@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from gpuledger.httpclient import safe_url
 from gpuledger.ledger import caps
 from gpuledger.ledger.binding import Binding, SocketsRead, bind_target
+from gpuledger.ledger.rayengines import EngineRay
 from gpuledger.ledger.tree import ancestors
 from gpuledger.model import frozen_map
 from gpuledger.model.procfs import ProcessInfo, ProcessSockets
@@ -92,6 +93,8 @@ class Engine:
     # The engine's own processes: its API server, and the EngineCore and Workers of its
     # DP rank under that server.
     pids: tuple[int, ...] = ()
+    # The Ray job its EngineCore drives (Ray executor), when linked (ledger/rayengines.py).
+    ray: EngineRay | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from gpuledger.identity.devices import HostGpu, container_device_map, device_uui
 from gpuledger.ledger import caps
 from gpuledger.ledger.engines import Engine, build_engines, cap_engines, known_engine_ids
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
+from gpuledger.ledger.rayengines import link_ray_engines
 from gpuledger.ledger.tree import ancestors
 from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
@@ -138,7 +139,7 @@ class Overflow:
         rows = (self.gpus, self.usage, self.device_maps, self.allocations, self.discrepancies)
         more = (self.pods, self.engines, self.engine_gpus, self.pending)
         ray = self.ray
-        ray_rows = (ray.nodes, ray.actor_gpus, ray.actor_memory) if ray is not None else ()
+        ray_rows = (ray.nodes, ray.actor_gpus, ray.actor_memory, ray.workers) if ray else ()
         return not any((*rows, *more, *ray_rows))
 
 
@@ -477,12 +478,16 @@ def build_ledger(
         allocations if podresources is not None and pods is not None else None,
     )
     engines, engines_over, engine_gpus_over = cap_engines(
-        build_engines(
-            vllm,
+        link_ray_engines(
+            build_engines(
+                vllm,
+                process_table,
+                gpu_by_pid,
+                known_engine_ids(previous.engines) if previous is not None else {},
+                procs.sockets if procs is not None else None,
+            ),
+            ray_local,
             process_table,
-            gpu_by_pid,
-            known_engine_ids(previous.engines) if previous is not None else {},
-            procs.sockets if procs is not None else None,
         )
     )
     ledger = Ledger(

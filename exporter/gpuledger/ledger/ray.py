@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
+from gpuledger.identity.rayjobs import RayEngineId, WorkerRanks, engine_id, is_worker, worker_ranks
 from gpuledger.ledger import caps
 from gpuledger.model import frozen_map
 from gpuledger.model.kubernetes import PodInfo
@@ -48,12 +49,32 @@ class RayActorMemory:
 
 
 @dataclass(frozen=True)
+class RayWorker:
+    """A vLLM worker actor on a local Ray node, named by its engine's cross-node identity
+    (identity rule 9), with the GPUs its process holds (NVML by PID)."""
+
+    node: RayNodeView
+    engine: RayEngineId
+    actor_id: str
+    class_name: str  # RayWorkerProc (RayExecutorV2) | RayWorkerWrapper (legacy)
+    name: str  # vllm_Worker_<instance>_TP<t>…; "" for the legacy executor
+    bundle_index: int | None
+    ranks: WorkerRanks
+    pid: int | None  # Ray's, in the Ray pod's PID namespace
+    host_pid: int | None  # None: no process NVML lists is this actor
+    # (device UUID, bytes) its process holds; empty when it holds none.
+    memory: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class RayLocal:
     """Node mode: what the local Ray nodes say, joined."""
 
     nodes: tuple[RayNodeView, ...]
     actor_gpus: tuple[RayActorGpus, ...]
     actor_memory: tuple[RayActorMemory, ...]
+    # vLLM Ray workers here; empty while procfs, NVML or Ray's job list is unknown.
+    workers: tuple[RayWorker, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,16 +134,82 @@ def build_ray_local(
         )
         view = RayNodeView(local.node, pod, allocated)
         rows, memory = _actor_rows(view, local, host_pids, memory_by_pid, procs is not None)
+        workers = [] if host_pids is None else ray_workers(view, local, host_pids, memory_by_pid)
         if i not in chosen:
-            over.add(view, rows, memory)
+            over.add(view, rows, memory, workers)
             continue
         rows, memory, folded_rows, folded_memory = fold_actor_classes(rows, memory)
-        kept.add(view, rows, memory)
+        kept.add(view, rows, memory, workers)
         over.add(None, folded_rows, folded_memory)
     memory_kept, memory_surplus = caps.split(kept.actor_memory, caps.MAX_GPU_ROWS)
     kept.actor_memory = list(memory_kept)
     over.actor_memory.extend(memory_surplus)
+    kept.workers, surplus = cap_workers(kept.workers)
+    over.workers.extend(surplus)
     return kept.local(), over.local()
+
+
+def ray_workers(
+    view: RayNodeView,
+    local: LocalRayNode,
+    host_pids: HostPids,
+    memory_by_pid: Mapping[int, Sequence[tuple[str, int | None]]],
+) -> list[RayWorker]:
+    """The ALIVE vLLM worker actors of RUNNING jobs on this Ray node (none while the
+    job list is unknown), by actor id."""
+    snapshot = local.snapshot
+    ids = {j.job_id: engine_id(j, snapshot.nodes) for j in snapshot.jobs or ()}
+    found = []
+    for actor in sorted(snapshot.actors, key=lambda a: a.actor_id):
+        engine = ids.get(actor.job_id or "")
+        if engine is None or actor.state != "ALIVE" or actor.node_id != view.node.node_id:
+            continue
+        if not is_worker(actor):
+            continue
+        pid = host_pids.of(actor, view.pod)
+        held: dict[str, int] = defaultdict(int)
+        for uuid, used in memory_by_pid.get(pid, ()) if pid is not None else ():
+            held[uuid] += used or 0
+        found.append(
+            RayWorker(
+                node=view,
+                engine=engine,
+                actor_id=actor.actor_id,
+                class_name=actor.class_name,
+                name=actor.name or "",
+                bundle_index=actor.bundle_index,
+                ranks=worker_ranks(actor),
+                pid=actor.pid,
+                host_pid=pid,
+                memory=tuple(sorted(held.items())),
+            )
+        )
+    return found
+
+
+def cap_workers(workers: Sequence[RayWorker]) -> tuple[list[RayWorker], list[RayWorker]]:
+    """At most MAX_GPU_ROWS workers with distinct labels and MAX_GPU_ROWS (worker, GPU)
+    rows; what is left out: repeated and surplus workers, and kept workers carrying only
+    their surplus GPU rows."""
+    unique: list[RayWorker] = []
+    over: list[RayWorker] = []
+    seen: set[tuple[object, ...]] = set()
+    for w in workers:
+        # Their labels: two unnamed workers outside a bundle would repeat a series.
+        key = (w.node.pod.uid if w.node.pod else "", w.engine, w.bundle_index, w.ranks)
+        (over if key in seen else unique).append(w)
+        seen.add(key)
+    kept, surplus = caps.split(unique, caps.MAX_GPU_ROWS)
+    trimmed: list[RayWorker] = []
+    over.extend(surplus)
+    budget = caps.MAX_GPU_ROWS
+    for w in kept:
+        if len(w.memory) > budget:
+            over.append(replace(w, memory=w.memory[budget:]))
+            w = replace(w, memory=w.memory[:budget])  # noqa: PLW2901
+        trimmed.append(w)
+        budget -= len(w.memory)
+    return trimmed, over
 
 
 def _chosen_nodes(snapshots: Sequence[LocalRayNode]) -> set[int]:
@@ -140,20 +227,28 @@ class _Rows:
         self.nodes: list[RayNodeView] = []
         self.actor_gpus: list[RayActorGpus] = []
         self.actor_memory: list[RayActorMemory] = []
+        self.workers: list[RayWorker] = []
 
     def add(
         self,
         view: RayNodeView | None,
         rows: Sequence[RayActorGpus],
         memory: Sequence[RayActorMemory],
+        workers: Sequence[RayWorker] = (),
     ) -> None:
         if view is not None:
             self.nodes.append(view)
         self.actor_gpus.extend(rows)
         self.actor_memory.extend(memory)
+        self.workers.extend(workers)
 
     def local(self) -> RayLocal:
-        return RayLocal(tuple(self.nodes), tuple(self.actor_gpus), tuple(self.actor_memory))
+        return RayLocal(
+            tuple(self.nodes),
+            tuple(self.actor_gpus),
+            tuple(self.actor_memory),
+            tuple(self.workers),
+        )
 
 
 def _actor_rows(

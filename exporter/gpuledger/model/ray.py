@@ -54,6 +54,8 @@ class RayActor:
     placement_group_id: str | None
     ray_namespace: str | None
     name: str | None = None
+    # The placement group bundle it runs in (`GPU_group_<index>_<pg>` of its resources).
+    bundle_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,12 +89,34 @@ class RayPlacementGroup:
 
 
 @dataclass(frozen=True)
+class RayJob:
+    """One Ray job (`/api/v0/jobs`): a driver process, e.g. a vLLM EngineCore that runs
+    its workers as Ray actors (docs/design.md, identity rule 9)."""
+
+    job_id: str
+    type: str  # DRIVER | SUBMISSION
+    status: str  # PENDING | RUNNING | STOPPED | SUCCEEDED | FAILED
+    # driver_info.pid: PID in the driver's PID namespace (a string in Ray's answer).
+    driver_pid: int | None
+    # driver_info.node_ip_address: the Ray node IP the driver runs at.
+    driver_node_ip: str | None
+    # driver_node_id, where Ray sends it (submission jobs); drivers started by hand
+    # (vLLM's EngineCore) have only the IP.
+    driver_node_id: str | None
+    # First word of the entrypoint: the driver's process title when the job started
+    # (`VLLM::EngineCore`, `VLLM::EngineCore_DP1`).
+    entrypoint_title: str
+
+
+@dataclass(frozen=True)
 class RaySnapshot:
     nodes: tuple[RayNode, ...] = ()
     actors: tuple[RayActor, ...] = ()
     placement_groups: tuple[RayPlacementGroup, ...] = ()
     # Non-fatal: partial failures, truncation, unreadable rows, cluster_status missing.
     warnings: tuple[str, ...] = ()
+    # Node mode: the RUNNING jobs of the whole cluster; None when they were not read.
+    jobs: tuple[RayJob, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,10 @@ class LocalRayNode:
     snapshot: RaySnapshot  # every node, but only this node's actors
     node: RayNode  # with its availability
     pod: PodInfo | None  # None outside Kubernetes
+    # The vLLM jobs whose driver (EngineCore) runs on this Ray node: their worker actors
+    # on every node, and their placement groups (what their engines were given).
+    driven_actors: tuple[RayActor, ...] = ()
+    driven_groups: tuple[RayPlacementGroup, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ field against a live cluster):
   envelope, ``detail`` (without it only the non-detail columns), ``limit`` (above 10000 is
   a 400, as in Ray), ``filter_keys``/``filter_predicates``/``filter_values`` with ``=`` and
   ``!=`` on Ray's filterable columns (case-insensitive strings, as in Ray).
+* ``GET /api/v0/jobs``: the same envelope, filters on ``job_id``, ``type``, ``status``,
+  ``submission_id``; rows sorted by job id (``tests/fixtures/ray/vllm-0.32-ray/``).
+  ``GET /api/jobs/``: the job API's plain list of the same rows, every column.
 * ``GET /api/cluster_status``: ``loadMetricsReport`` with ``usage``, ``usageByNode``
   (keys camel-cased like the dashboard's), ``resourceDemand`` and ``pgDemand``, derived
   from the rows: ALIVE actors outside placement groups and placed bundles of CREATED
@@ -55,6 +58,7 @@ __all__ = [
     "Fault",
     "SeenRequest",
     "actor_entry",
+    "job_entry",
     "node_entry",
     "placement_group_entry",
     "ray_id",
@@ -78,6 +82,8 @@ FAULTS: Final[tuple[str, ...]] = get_args(Fault)
 NODES_PATH: Final = "/api/v0/nodes"
 ACTORS_PATH: Final = "/api/v0/actors"
 PLACEMENT_GROUPS_PATH: Final = "/api/v0/placement_groups"
+JOBS_PATH: Final = "/api/v0/jobs"
+JOB_API_PATH: Final = "/api/jobs"  # `/api/jobs/`: the trailing slash is stripped
 CLUSTER_STATUS_PATH: Final = "/api/cluster_status"
 
 # Ray 2.60's ListApiOptions default and RAY_MAX_LIMIT_FROM_API_SERVER.
@@ -124,6 +130,17 @@ _ACTOR_DETAIL: Final = (
     "fallback_strategy",
 )
 _PG_COLUMNS: Final = ("placement_group_id", "name", "creator_job_id", "state")
+# JobState.list_columns(detail=False); with detail every column of the row.
+_JOB_COLUMNS: Final = (
+    "job_id",
+    "submission_id",
+    "entrypoint",
+    "type",
+    "status",
+    "message",
+    "error_type",
+    "driver_info",
+)
 _PG_DETAIL: Final = ("bundles", "is_detached", "stats", "topology_strategy", "topology_assignments")
 
 _FILTERABLE: Final[Mapping[str, frozenset[str]]] = {
@@ -145,6 +162,7 @@ _FILTERABLE: Final[Mapping[str, frozenset[str]]] = {
     PLACEMENT_GROUPS_PATH: frozenset(
         {"placement_group_id", "name", "creator_job_id", "state", "is_detached"}
     ),
+    JOBS_PATH: frozenset({"job_id", "type", "status", "submission_id"}),
 }
 
 # Ray's texts, so tests see what an operator would.
@@ -163,14 +181,54 @@ _HANG_POLL_SECONDS: Final = 0.05
 # --------------------------------------------------------------------------- entries
 
 
-def ray_id(kind: Literal["node", "actor", "placement_group"], seed: str) -> str:
+def ray_id(
+    kind: Literal["node", "actor", "placement_group"], seed: str, job_id: str = JOB_ID
+) -> str:
     """A stable id of Ray's length for `kind`: same seed, same id (golden outputs)."""
     digest = hashlib.sha256(f"{kind}:{seed}".encode()).hexdigest()
     if kind == "node":
         return (digest + digest)[:56]  # NodeID: 28 bytes
     if kind == "actor":
-        return digest[:24] + JOB_ID  # ActorID: 12 unique bytes + job id
-    return digest[:28] + JOB_ID  # PlacementGroupID: 14 unique bytes + job id
+        return digest[:24] + job_id  # ActorID: 12 unique bytes + job id
+    return digest[:28] + job_id  # PlacementGroupID: 14 unique bytes + job id
+
+
+def job_id_of(number: int) -> str:
+    """Ray's job id for the n-th job of a cluster (1 -> 01000000): 4 bytes, little-endian."""
+    return number.to_bytes(4, "little").hex()
+
+
+def job_entry(
+    job_id: str,
+    *,
+    driver_pid: int,
+    driver_node_ip: str,
+    entrypoint: str = "VLLM::EngineCore",
+    status: str = "RUNNING",
+    start_time_ms: int = 1796132137248,
+    padding: int = 124,
+) -> dict[str, Any]:
+    """An /api/jobs/ row of a driver job as Ray 2.60 sends it (the capture's column
+    order). The entrypoint is the driver's command line: vLLM's setproctitle title
+    followed by the empty arguments it pads argv with."""
+    finished = status != "RUNNING"
+    return {
+        "type": "DRIVER",
+        "job_id": job_id,
+        "submission_id": None,
+        "driver_info": {"id": job_id, "node_ip_address": driver_node_ip, "pid": str(driver_pid)},
+        "status": status,
+        "entrypoint": " ".join([entrypoint, *['""'] * padding]),
+        "message": None,
+        "error_type": None,
+        "start_time": start_time_ms,
+        "end_time": start_time_ms + 132213 if finished else 0,
+        "metadata": {},
+        "runtime_env": {},
+        "driver_agent_http_address": None,
+        "driver_node_id": None,
+        "driver_exit_code": None,
+    }
 
 
 def node_entry(
@@ -439,6 +497,7 @@ class FakeRayDashboard:
         self._nodes: list[dict[str, Any]] = []
         self._actors: list[dict[str, Any]] = []
         self._groups: list[dict[str, Any]] = []
+        self._jobs: list[dict[str, Any]] = []
         self._usage_overrides: dict[str, dict[str, float]] = {}
         self._faults: dict[str | None, Fault] = {}
         self._release = threading.Event()
@@ -514,6 +573,11 @@ class FakeRayDashboard:
     def set_placement_groups(self, groups: Sequence[Mapping[str, Any]]) -> None:
         with self._lock:
             self._groups = [copy.deepcopy(dict(g)) for g in groups]
+
+    def set_jobs(self, jobs: Sequence[Mapping[str, Any]]) -> None:
+        """Job rows in the /api/jobs/ form (job_entry); /api/v0/jobs shows their columns."""
+        with self._lock:
+            self._jobs = [copy.deepcopy(dict(j)) for j in jobs]
 
     def set_node_usage(self, node_id: str, used: Mapping[str, float] | None) -> None:
         """Override the used amounts cluster_status reports for a node (None: derive)."""
@@ -662,13 +726,19 @@ class FakeRayDashboard:
             nodes = copy.deepcopy(self._nodes)
             actors = copy.deepcopy(self._actors)
             groups = copy.deepcopy(self._groups)
+            jobs = sorted(copy.deepcopy(self._jobs), key=lambda j: str(j.get("job_id") or ""))
             overrides = copy.deepcopy(self._usage_overrides)
         if path == CLUSTER_STATUS_PATH:
             return self._cluster_status(nodes, actors, groups, overrides)
+        if path == JOB_API_PATH:
+            return json.dumps(jobs).encode()
+        # Detail shows a job's every column (JobDetails'), in the row's own order.
+        job_detail = tuple(k for j in jobs[:1] for k in j if k not in _JOB_COLUMNS)
         tables: dict[str, tuple[list[dict[str, Any]], tuple[str, ...], tuple[str, ...]]] = {
             NODES_PATH: (nodes, _NODE_COLUMNS, _NODE_DETAIL),
             ACTORS_PATH: (actors, _ACTOR_COLUMNS, _ACTOR_DETAIL),
             PLACEMENT_GROUPS_PATH: (groups, _PG_COLUMNS, _PG_DETAIL),
+            JOBS_PATH: (jobs, _JOB_COLUMNS, job_detail),
         }
         if path not in tables:
             return None

@@ -51,6 +51,8 @@ ALLOWED_FLAGS: dict[str, str] = {
     "--max-num-batched-tokens": "max_num_batched_tokens",
     "--gpu-memory-utilization": "gpu_memory_utilization",
     "--served-model-name": "served_model_name",
+    # `ray`: the engine's workers are Ray actors on any node (ledger/rayengines.py).
+    "--distributed-executor-backend": "distributed_executor_backend",
 }
 
 MAX_ANCESTRY = 64

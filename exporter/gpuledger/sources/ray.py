@@ -33,6 +33,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from gpuledger.httpclient import HttpClient, HttpError, safe_url
+from gpuledger.identity.rayjobs import driver_node, engine_dp_rank
 from gpuledger.identity.raynodes import PodNodes
 from gpuledger.model import Snapshots, frozen_map
 from gpuledger.model.kubernetes import PODS, PodInfo
@@ -44,6 +45,7 @@ from gpuledger.model.ray import (
     RayActor,
     RayBundle,
     RayClusterSnapshot,
+    RayJob,
     RayNode,
     RayPlacementGroup,
     RaySnapshot,
@@ -75,12 +77,16 @@ MAX_MESSAGE_CHARS: Final = 200
 MAX_WARNINGS: Final = 32
 
 PENDING_PG_STATES: Final = frozenset({"PENDING", "RESCHEDULING"})
+# vLLM jobs whose actors and placement groups one node agent reads per cycle (two
+# requests each): the engines whose EngineCore runs on this node's Ray nodes.
+MAX_DRIVEN_JOBS: Final = 16
 
 # Inside a placement group Ray rewrites an actor's resources to the bundle's names:
 # `GPU_group_<pg>` (any bundle) and, with a bundle index, also `GPU_group_<i>_<pg>`.
 # Both name the same GPUs, so only one family is counted.
 _GPU_WILDCARD = re.compile(r"^GPU_group_[0-9a-f]+$")
 _GPU_INDEXED = re.compile(r"^GPU_group_\d+_[0-9a-f]+$")
+_BUNDLE_INDEX = re.compile(r"^(?:GPU|bundle)_group_(\d+)_[0-9a-f]+$")
 _WHITESPACE = re.compile(r"\s+")
 
 
@@ -167,6 +173,15 @@ def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def bundle_index(resources: Mapping[str, float]) -> int | None:
+    """The bundle of its placement group an actor runs in: `GPU_group_<i>_<pg>` (or the
+    `bundle_group_<i>_<pg>` marker) of its resources; None outside an indexed bundle."""
+    for key in resources:
+        if found := _BUNDLE_INDEX.match(key):
+            return int(found.group(1))
+    return None
+
+
 def gpus_requested(resources: Mapping[str, float]) -> float:
     """Logical GPUs in a resource request, including placement-group-rewritten names."""
     if GPU in resources:
@@ -224,6 +239,31 @@ def parse_actor(row: Any) -> RayActor | None:
         placement_group_id=_text(_first(row, "placement_group_id", "placementGroupId")),
         ray_namespace=_text(_first(row, "ray_namespace", "rayNamespace", "namespace")),
         name=_text(row.get("name")),
+        bundle_index=bundle_index(resources),
+    )
+
+
+def parse_job(row: Any) -> RayJob | None:
+    """One row of /api/v0/jobs (or of the job API's /api/jobs/ list: the same fields);
+    None when it has no job id."""
+    if not isinstance(row, Mapping):
+        return None
+    job_id = _text(_first(row, "job_id", "jobId"))
+    if job_id is None:
+        return None
+    driver = row.get("driver_info")
+    driver = driver if isinstance(driver, Mapping) else {}
+    pid = _int(driver.get("pid"))
+    entrypoint = _text(row.get("entrypoint")) or ""
+    return RayJob(
+        job_id=job_id,
+        type=_text(row.get("type")) or "UNKNOWN",
+        status=_text(row.get("status")) or "UNKNOWN",
+        driver_pid=pid if pid is not None and pid > 0 else None,
+        driver_node_ip=_text(_first(driver, "node_ip_address", "nodeIpAddress")),
+        driver_node_id=_text(row.get("driver_node_id")),
+        # The driver's argv as one string; vLLM's title is padded with empty arguments.
+        entrypoint_title=(entrypoint.split(maxsplit=1) or [""])[0],
     )
 
 
@@ -482,8 +522,38 @@ class RayStateClient:
             found, more = self._actors([("state", "!=", "DEAD"), ("node_id", "=", node_id)])
             actors.extend(found)
             actor_warnings.extend(more)
-        all_warnings = (*warnings, *usage_warnings, *actor_warnings)
-        return RaySnapshot(nodes=nodes, actors=tuple(actors), warnings=all_warnings[:MAX_WARNINGS])
+        jobs, job_warnings = self._running_jobs()
+        all_warnings = (*warnings, *usage_warnings, *actor_warnings, *job_warnings)
+        return RaySnapshot(
+            nodes=nodes, actors=tuple(actors), warnings=all_warnings[:MAX_WARNINGS], jobs=jobs
+        )
+
+    def fetch_driven(
+        self, job_ids: Sequence[str]
+    ) -> tuple[tuple[RayActor, ...], tuple[RayPlacementGroup, ...], tuple[str, ...]]:
+        """Node mode: the live actors (on every node) and placement groups of these jobs,
+        the vLLM engines whose EngineCore drives them from here; at most MAX_DRIVEN_JOBS.
+        A failed read is a warning: the rest of the Ray view stands."""
+        actors: list[RayActor] = []
+        groups: list[RayPlacementGroup] = []
+        warnings: list[str] = []
+        if len(job_ids) > MAX_DRIVEN_JOBS:
+            warnings.append(f"jobs: {len(job_ids)} vLLM jobs driven here, read {MAX_DRIVEN_JOBS}")
+        for job_id in job_ids[:MAX_DRIVEN_JOBS]:
+            try:
+                found, more = self._actors([("job_id", "=", job_id), ("state", "!=", "DEAD")])
+                made, most = self._placement_groups(
+                    [("creator_job_id", "=", job_id), ("state", "!=", "REMOVED")]
+                )
+            except SourceError as exc:
+                if exc.reason == "unauthorized":
+                    raise
+                warnings.append(f"job {job_id}: {exc.message}")
+                continue
+            actors.extend(found)
+            groups.extend(made)
+            warnings.extend((*more, *most))
+        return tuple(actors), tuple(groups), tuple(warnings)
 
     def fetch_cluster(
         self, node_id: str | None = None, placement_groups: bool = True
@@ -548,6 +618,19 @@ class RayStateClient:
         )
         groups, skipped = _parse_all(rows, parse_placement_group, "placement_groups")
         return groups, warnings + skipped
+
+    def _running_jobs(self) -> tuple[tuple[RayJob, ...] | None, tuple[str, ...]]:
+        """RUNNING jobs (the filter is applied by Ray, finished ones pile up), or None with
+        a warning: which engine drives which workers is then unknown, nothing else."""
+        params = self._list_params([("status", "=", "RUNNING")])
+        try:
+            rows, warnings = list_rows(self._get("/api/v0/jobs", params), "jobs")
+        except SourceError as exc:
+            if exc.reason == "unauthorized":
+                raise
+            return None, (f"jobs: {exc.message}",)
+        jobs, skipped = _parse_all(rows, parse_job, "jobs")
+        return jobs, warnings + skipped
 
     def _usage(
         self, keys: Collection[str] | None = None
@@ -665,6 +748,19 @@ def local_ray_nodes(
     return [(n, None) for n in (mine or (alive if len(alive) == 1 else []))]
 
 
+def driven_jobs(snapshot: RaySnapshot, node_ids: Collection[str]) -> dict[str, str]:
+    """Job id -> Ray node id, for the RUNNING vLLM EngineCore jobs whose driver runs on
+    one of these Ray nodes."""
+    found: dict[str, str] = {}
+    for job in snapshot.jobs or ():
+        if engine_dp_rank(job) is None:
+            continue
+        node = driver_node(job, snapshot.nodes)
+        if node is not None and node.node_id in node_ids:
+            found[job.job_id] = node.node_id
+    return found
+
+
 class RayLocalSource(Source[tuple[LocalRayNode, ...]]):
     """Node mode: the Ray nodes on this node, each with its own actors."""
 
@@ -689,15 +785,25 @@ class RayLocalSource(Source[tuple[LocalRayNode, ...]]):
         actors_by_node: dict[str | None, list[RayActor]] = {}
         for actor in snapshot.actors:
             actors_by_node.setdefault(actor.node_id, []).append(actor)
+        driven = driven_jobs(snapshot, [node.node_id for node, _ in chosen])
+        actors, groups, warnings = self.client.fetch_driven(sorted(driven))
+        warnings = (*snapshot.warnings, *warnings)[:MAX_WARNINGS]
+
+        def here(job_id: str | None, node_id: str) -> bool:
+            return driven.get(job_id or "") == node_id
+
         return tuple(
             LocalRayNode(
                 RaySnapshot(
                     nodes=snapshot.nodes,
                     actors=tuple(actors_by_node.get(node.node_id, ())),
-                    warnings=snapshot.warnings,
+                    warnings=warnings,
+                    jobs=snapshot.jobs,
                 ),
                 by_id.get(node.node_id, node),
                 pod,
+                driven_actors=tuple(a for a in actors if here(a.job_id, node.node_id)),
+                driven_groups=tuple(g for g in groups if here(g.creator_job_id, node.node_id)),
             )
             for node, pod in chosen
         )

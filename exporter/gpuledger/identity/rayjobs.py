@@ -1,0 +1,85 @@
+"""A vLLM engine's Ray job and its workers (docs/design.md, identity rule 9). Pure.
+
+With `--distributed-executor-backend ray` the EngineCore process is the driver of a Ray
+job (`driver_info.pid` = its PID, the entrypoint its title) and its workers are actors of
+that job: `RayWorkerProc` named `vllm_Worker_<instance>_TP<t>[_PP<p>][_PCP<c>]` (vLLM's
+RayExecutorV2), or unnamed `RayWorkerWrapper` (the legacy RayDistributedExecutor).
+
+The engine's identity on every node is (job id, driver's node id): both come from Ray's
+state API, which every node agent reads alike, and outlive an agent's restart. A job id
+is unique in its Ray cluster (the GCS counter), a node id is random per raylet start, so
+two Ray clusters' job `01000000` stay apart and a restarted engine is a new job.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from gpuledger.model.ray import RayActor, RayJob, RayNode
+
+# vLLM's Ray worker classes: RayExecutorV2 (0.32's default) and the legacy executor.
+WORKER_CLASSES: Final = frozenset({"RayWorkerProc", "RayWorkerWrapper"})
+_ENGINE_TITLE = re.compile(r"^VLLM::EngineCore(?:_DP(\d+))?$")
+_WORKER_NAME = re.compile(r"^vllm_Worker_([^_]+)((?:_[A-Z]+\d+)*)$")
+_PART = re.compile(r"_([A-Z]+)(\d+)")
+
+
+@dataclass(frozen=True, order=True)
+class RayEngineId:
+    """What names one Ray-executor engine on every node: ray_job_id, ray_driver_node_id."""
+
+    job_id: str
+    driver_node_id: str
+
+
+@dataclass(frozen=True)
+class WorkerRanks:
+    """Ranks from a RayExecutorV2 actor name; None for the legacy executor's unnamed
+    actors (it ranks them by sorting their IPs, which Ray does not show)."""
+
+    tp: int | None
+    pp: int | None
+
+
+def engine_dp_rank(job: RayJob) -> int | None:
+    """The data-parallel rank of a vLLM EngineCore driver (0 without a `_DP` suffix);
+    None when the job's driver is not a vLLM EngineCore."""
+    match = _ENGINE_TITLE.match(job.entrypoint_title)
+    if match is None:
+        return None
+    return int(match.group(1) or 0)
+
+
+def is_worker(actor: RayActor) -> bool:
+    return actor.class_name in WORKER_CLASSES or (
+        actor.name is not None and _WORKER_NAME.match(actor.name) is not None
+    )
+
+
+def worker_ranks(actor: RayActor) -> WorkerRanks:
+    """`vllm_Worker_1796…_TP1` -> tp 1, pp 0 (vLLM appends `_PP<p>` only when pipeline
+    parallel); an unnamed legacy worker -> unknown."""
+    match = _WORKER_NAME.match(actor.name or "")
+    if match is None:
+        return WorkerRanks(None, None)
+    parts = {k: int(v) for k, v in _PART.findall(match.group(2))}
+    return WorkerRanks(parts.get("TP", 0), parts.get("PP", 0))
+
+
+def driver_node(job: RayJob, nodes: Iterable[RayNode]) -> RayNode | None:
+    """The live Ray node the job's driver runs on: its driver_node_id when Ray sends
+    one, else the only ALIVE node with the driver's IP (two raylets on one address, as
+    outside Kubernetes, cannot be told apart: None)."""
+    alive = [n for n in nodes if n.state == "ALIVE"]
+    if job.driver_node_id:
+        return next((n for n in alive if n.node_id == job.driver_node_id), None)
+    found = [n for n in alive if job.driver_node_ip and n.node_ip == job.driver_node_ip]
+    return found[0] if len(found) == 1 else None
+
+
+def engine_id(job: RayJob, nodes: Iterable[RayNode]) -> RayEngineId | None:
+    node = driver_node(job, nodes)
+    return RayEngineId(job.job_id, node.node_id) if node is not None else None
