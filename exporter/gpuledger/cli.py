@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -17,7 +19,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
 from gpuledger import __version__, cluster_page
-from gpuledger.agents import ClusterError, FetchResult, connect, read_for_query
+from gpuledger.agents import (
+    PROXY_REFUSES_AUTH,
+    AgentAccess,
+    AgentAccessError,
+    ClusterError,
+    FetchResult,
+    connect,
+    read_for_query,
+)
 from gpuledger.explain import (
     EXIT_UNREACHABLE,
     ExplainError,
@@ -76,7 +86,7 @@ def _env_flag(name: str) -> bool:
     return (_env(name) or "false").strip().lower() == "true"
 
 
-BOOLEAN_VARIABLES = ("PENDING_ALL_PODS",)
+BOOLEAN_VARIABLES = ("PENDING_ALL_PODS", "AGENT_TLS")
 
 
 def _positive_float(text: str) -> float:
@@ -87,6 +97,22 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
     return value
+
+
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+
+
+def _server_name(text: str) -> str:
+    """A DNS name or an IP address: what a certificate's subjectAltName can carry."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        if not _DNS_NAME.match(text):
+            raise argparse.ArgumentTypeError(
+                f"{text[:80]!r} is not a DNS name or an IP address"
+            ) from None
+    return text
 
 
 def _listen(text: str) -> str:
@@ -295,6 +321,7 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         default=None,
         metavar="URL",
     )
+    _add_agent_access_flags(p, serve=True)
     _flag(
         p,
         "--web-config-file",
@@ -311,6 +338,73 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         env="NODE_NAME",
         shown_default="$NODE_NAME, else the hostname",
         default=_env("NODE_NAME") or os.environ.get("NODE_NAME") or socket.gethostname(),
+    )
+
+
+def _add_agent_access_flags(p: argparse.ArgumentParser, *, serve: bool) -> None:
+    """How the node agents are read when --web-config-file protects them (agents.AgentAccess):
+    serve's for the cluster page (with variables), explain's for discovery and --from."""
+    mode = "cluster mode: " if serve else ""
+    urls = "--agent-url" if serve else "--from"
+    _flag(
+        p,
+        "--agent-tls",
+        f"{mode}the agents serve HTTPS (their --web-config-file has a tls_server_config): "
+        + (
+            "the ones found by their labels are read at https://POD_IP:PORT (the variable: true)"
+            if serve
+            else "read at https://POD_IP:PORT, or as https:POD:PORT through the pod proxy "
+            "(the API server does not verify their certificate)"
+        ),
+        env="AGENT_TLS" if serve else None,
+        shown_default="false" if serve else None,
+        action="store_true",
+        default=_env_flag("AGENT_TLS") if serve else False,
+    )
+    _flag(
+        p,
+        "--agent-ca-file",
+        f"{mode}CA bundle to verify the agents' certificates (and those of https:// {urls} "
+        "URLs) against instead of the system's CAs: the chain, and the name only with "
+        "--agent-server-name (agents are read by pod IP, which certificates rarely name)",
+        env="AGENT_CA_FILE" if serve else None,
+        default=(_env("AGENT_CA_FILE") or None) if serve else None,
+        metavar="PATH",
+    )
+    _flag(
+        p,
+        "--agent-server-name",
+        f"{mode}a DNS name the agents' certificate must carry (as Prometheus' serverName), "
+        "e.g. gpuledger.monitoring.svc",
+        env="AGENT_SERVER_NAME" if serve else None,
+        type=_server_name,
+        default=(_env("AGENT_SERVER_NAME") or None) if serve else None,
+        metavar="NAME",
+    )
+    _flag(
+        p,
+        "--agent-auth-file",
+        f"{mode}file holding USER:PASSWORD, sent as basic auth to "
+        + (
+            "every node agent the cluster page reads"
+            if serve
+            else "the agents (direct reads and --from; the API server's pod proxy strips it: "
+            "not with --via proxy)"
+        ),
+        env="AGENT_AUTH_FILE" if serve else None,
+        default=(_env("AGENT_AUTH_FILE") or None) if serve else None,
+        metavar="PATH",
+    )
+
+
+def agent_access(args: argparse.Namespace) -> AgentAccess:
+    """The AgentAccess of the --agent-* flags (or their variables); `simulate` and `demo`
+    have none: plain agents."""
+    return AgentAccess(
+        tls=bool(getattr(args, "agent_tls", False)),
+        ca_file=getattr(args, "agent_ca_file", None) or None,
+        server_name=getattr(args, "agent_server_name", None) or None,
+        auth_file=getattr(args, "agent_auth_file", None) or None,
     )
 
 
@@ -377,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="an exporter's base URL, e.g. http://10.0.3.7:9402 (repeatable)",
     )
     _add_discovery_flags(ex)
+    _add_agent_access_flags(ex, serve=False)
     ex.add_argument("--scenario", metavar="FILE", help="explain a simulated scenario instead")
     ex.add_argument("--phase", help="with --scenario: at this phase")
     what = ex.add_mutually_exclusive_group(required=True)
@@ -456,17 +551,22 @@ def _scenario_document(path: str, phase: str | None) -> Mapping[str, Any] | None
         return None
 
 
-def _discovered(args: argparse.Namespace) -> FetchResult | int:
+def _discovered(args: argparse.Namespace, access: AgentAccess) -> FetchResult | int:
     """The documents of the agents the query needs, found through the Kubernetes API."""
     try:
         api = connect(
             kubeconfig=args.kubeconfig, context=args.context, deadline_seconds=args.timeout
         )
+        via = args.via or ("direct" if api.in_cluster else "proxy")
+        if via == "proxy" and access.auth_file:
+            print(f"gpuledger: error: {PROXY_REFUSES_AUTH}", file=sys.stderr)
+            return EXIT_USAGE
         return read_for_query(
             api,
-            via=args.via or ("direct" if api.in_cluster else "proxy"),
+            via=via,
             namespace=args.agents_namespace,
             deadline_seconds=args.timeout,
+            access=access,
             pod=args.pod,
             workload=args.workload,
             engine=args.engine,
@@ -480,6 +580,12 @@ def _discovered(args: argparse.Namespace) -> FetchResult | int:
 def run_explain(args: argparse.Namespace) -> int:
     docs: list[Mapping[str, Any]] = []
     failures: dict[str, str] = {}  # what could not be read, by agent or URL
+    access = agent_access(args)
+    try:
+        credentials = access.credentials()  # a file that cannot be used: a usage error
+    except AgentAccessError as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.scenario:
         settled = _scenario_document(args.scenario, args.phase)
         if settled is None:
@@ -487,11 +593,15 @@ def run_explain(args: argparse.Namespace) -> int:
         docs.append(settled)
     for url in args.sources:
         try:
-            docs.append(fetch_document(url))
+            docs.append(
+                fetch_document(
+                    url, headers=credentials.headers, tls_context=credentials.tls_context
+                )
+            )
         except ExplainError as exc:
             failures[safe_url(url)] = str(exc)
     if not args.scenario and not args.sources:
-        found = _discovered(args)
+        found = _discovered(args, access)
         if isinstance(found, int):
             return found
         docs.extend(found.documents.values())
@@ -593,7 +703,8 @@ def run_exporter(
 
 def cluster_ledger_page(config: PipelineConfig, args: argparse.Namespace) -> LedgerPage | None:
     """The cluster view's /ledger: the agents of --agent-url, and those the Kubernetes API
-    lists when it is on. None (after saying why) for a bad --agent-url."""
+    lists when it is on, read as the --agent-* flags say. None (after saying why) for a bad
+    --agent-url or an --agent-ca-file or --agent-auth-file that cannot be used."""
     urls = _list(getattr(args, "agent_url", None), "AGENT_URLS")
     for url in urls:
         parts = urlsplit(url)
@@ -603,11 +714,18 @@ def cluster_ledger_page(config: PipelineConfig, args: argparse.Namespace) -> Led
                 file=sys.stderr,
             )
             return None
+    access = agent_access(args)
+    try:
+        access.credentials()  # checked once here; re-read on each refresh of the page
+    except AgentAccessError as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return None
     return cluster_page.for_cluster_view(
         urls,
         kubernetes=config.kubernetes,
         kubeconfig=config.kubeconfig,
         deadline_seconds=config.source_deadline_seconds,
+        access=access,
     )
 
 

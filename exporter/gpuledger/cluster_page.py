@@ -9,7 +9,9 @@ documents, that `gpuledger explain --from …` uses. `/ledger?workload=NS/NAME` 
 workload's chain across its nodes.
 
 An agent that cannot be read is named on the page, never a reason to fail it; every value
-is escaped (pod, label, model and node names are anyone's to choose).
+is escaped (pod, label, model and node names are anyone's to choose). Agents behind
+`--web-config-file` are read as `--agent-tls`, `--agent-ca-file`, `--agent-server-name`
+and `--agent-auth-file` say (agents.AgentAccess), the files re-read on each refresh.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gpuledger import agents
 from gpuledger.agents import (
     SERVICE_ACCOUNT_DIR,
     Agent,
+    AgentAccess,
     ClusterError,
     FetchResult,
     fetch_documents,
@@ -115,6 +118,7 @@ class AgentReader:
         max_agents: int = MAX_AGENTS,
         fetch: Fetch | None = None,
         clock: Callable[[], float] = time.monotonic,
+        access: AgentAccess | None = None,
     ) -> None:
         self.ttl_seconds = ttl_seconds
         self._find = find
@@ -122,7 +126,10 @@ class AgentReader:
         self._clock = clock
         self._fetch: Fetch = fetch or (
             lambda agents: fetch_documents(
-                agents, deadline_seconds=deadline_seconds, concurrency=concurrency
+                agents,
+                deadline_seconds=deadline_seconds,
+                concurrency=concurrency,
+                access=access or AgentAccess(),
             )
         )
         self._found: tuple[float, list[Agent], list[str]] | None = None
@@ -183,17 +190,20 @@ class AgentReader:
 class Discovery:
     """The agents the page reads: the --agent-url ones, and, with the Kubernetes API, the
     node agents listed by the chart's labels (agents.find_agents) and read by pod IP. When
-    the API cannot be reached, the agents it listed last are read, and the page says so."""
+    the API cannot be reached, the agents it listed last are read, and the page says so.
+    `scheme` is what the listed agents serve; the --agent-url ones keep their own."""
 
     def __init__(
         self,
         urls: Sequence[str],
         connect: Callable[[], Any] | None = None,
         namespace: str | None = None,
+        scheme: str = "http",
     ) -> None:
         self._static = static_agents(urls)
         self._connect = connect
         self._namespace = namespace
+        self._scheme = scheme
         self._lister: Any = None
         self._listed: list[Agent] = []
 
@@ -204,7 +214,13 @@ class Discovery:
         try:
             if self._lister is None:
                 self._lister = self._connect()
-            found = find_agents(self._lister, namespace=self._namespace, nodes=None, via="direct")
+            found = find_agents(
+                self._lister,
+                namespace=self._namespace,
+                nodes=None,
+                via="direct",
+                scheme=self._scheme,
+            )
             self._listed = [a for a in found if a.role == "node"]
         except ClusterError as exc:
             log.warning("cluster page: cannot list the node agents: %s", exc)
@@ -606,11 +622,19 @@ def _own_namespace(service_account_dir: str = SERVICE_ACCOUNT_DIR) -> str | None
 
 
 def for_cluster_view(
-    urls: Sequence[str], *, kubernetes: bool, kubeconfig: str | None, deadline_seconds: float
+    urls: Sequence[str],
+    *,
+    kubernetes: bool,
+    kubeconfig: str | None,
+    deadline_seconds: float,
+    access: AgentAccess | None = None,
 ) -> ClusterLedgerPage:
     """The page `serve --mode cluster` serves: agents from `urls`, and from the Kubernetes
     API when it is on (the cluster view's own credentials; in the cluster its ClusterRole
-    already lists pods everywhere)."""
+    already lists pods everywhere), read as `access` says: every read with its basic auth,
+    https:// ones verified with its CA and server name, the listed agents at https:// when
+    `access.tls`."""
+    access = access or AgentAccess()
     connect = None
     if kubernetes:
 
@@ -619,5 +643,5 @@ def for_cluster_view(
                 kubeconfig=kubeconfig, context=None, deadline_seconds=deadline_seconds
             )
 
-    find = Discovery(urls, connect, _own_namespace() if kubernetes else None)
-    return ClusterLedgerPage(AgentReader(find, deadline_seconds=deadline_seconds))
+    find = Discovery(urls, connect, _own_namespace() if kubernetes else None, access.scheme)
+    return ClusterLedgerPage(AgentReader(find, deadline_seconds=deadline_seconds, access=access))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,15 +34,24 @@ class ExplainError(Exception):
         self.code = code
 
 
-def fetch_document(url: str, timeout: float = 5.0) -> Doc:
-    """GET <exporter>/ledger.json, bounded in total time and size."""
+def fetch_document(
+    url: str,
+    timeout: float = 5.0,
+    *,
+    headers: Mapping[str, str] | None = None,
+    tls_context: ssl.SSLContext | None = None,
+) -> Doc:
+    """GET <exporter>/ledger.json, bounded in total time and size; `headers` (basic auth)
+    and `tls_context` (a CA) for an exporter behind --web-config-file."""
     target = url.rstrip("/")
     if not target.endswith("/ledger.json"):
         target += "/ledger.json"
     client = HttpClient(
         deadline_seconds=timeout,
         max_body_bytes=MAX_DOCUMENT_BYTES,
-        headers={"Accept": "application/json"},
+        headers={**(headers or {}), "Accept": "application/json"},
+        tls_context=tls_context,
+        max_redirects=0 if headers else 3,  # credentials go to the exporter named only
     )
     try:
         response = client.get(target)
@@ -53,9 +63,9 @@ def fetch_document(url: str, timeout: float = 5.0) -> Doc:
     try:
         doc = json.loads(body)
     except ValueError:
-        raise ExplainError(EXIT_UNREACHABLE, f"{target}: not JSON") from None
+        raise ExplainError(EXIT_UNREACHABLE, f"{safe_url(target)}: not JSON") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ExplainError(EXIT_UNREACHABLE, f"{target}: not a {SCHEMA} document")
+        raise ExplainError(EXIT_UNREACHABLE, f"{safe_url(target)}: not a {SCHEMA} document")
     return doc
 
 

@@ -101,6 +101,8 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
         ("GPULEDGER_VLLM_DISCOVERY", "yes", "invalid choice: 'yes'"),
         ("GPULEDGER_LISTEN", "nope", "expected [HOST]:PORT"),
         ("GPULEDGER_PENDING_ALL_PODS", "yes", "expected true or false"),
+        ("GPULEDGER_AGENT_TLS", "yes", "expected true or false"),
+        ("GPULEDGER_AGENT_SERVER_NAME", "a b", "'a b' is not a DNS name or an IP address"),
     ],
 )
 def test_bad_environment_values_exit_2_with_one_line_like_flags(

@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpuledger.agents import Agent, ClusterError, FetchResult
 from gpuledger.cli import main
@@ -157,3 +160,27 @@ def test_a_bad_agent_url_is_a_usage_error(capsys: Any) -> None:
     argv = ["serve", "--mode", "cluster", "--kubernetes", "off", "--agent-url", "ftp://x"]
     assert main([*argv, "--listen", "127.0.0.1:0"]) == 2
     assert "--agent-url 'ftp://x': expected http(s)://HOST:PORT" in capsys.readouterr().err
+
+
+def test_agent_access_that_cannot_be_used_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    secret = "pw-do-not-print"
+    (tmp_path / "auth").write_text(secret)  # no USER:
+    (tmp_path / "ca").write_text(secret)  # no certificate
+    missing = tmp_path / "missing"
+    argv = ["serve", "--mode", "cluster", "--kubernetes", "off", "--listen", "127.0.0.1:0"]
+    for flags, message in (
+        (["--agent-ca-file", str(missing)], f"--agent-ca-file {missing}: cannot read it: "),
+        (["--agent-ca-file", str(tmp_path / "ca")], "no CA certificate in it"),
+        (["--agent-auth-file", str(missing)], f"--agent-auth-file {missing}: cannot read it"),
+        (["--agent-auth-file", str(tmp_path / "auth")], "expected one line USER:PASSWORD"),
+    ):
+        assert main([*argv, *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("gpuledger: error: ") and message in err
+        assert err.count("\n") == 1 and secret not in err
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--agent-server-name", "not a name"])
+    assert exited.value.code == 2
+    assert "'not a name' is not a DNS name or an IP address" in capsys.readouterr().err
