@@ -322,3 +322,116 @@ def test_schema_rejects_basic_auth_that_is_not_secret_key_selectors(major: str) 
     assert "user" in stderr
     stderr = _fails(["podMonitor.enabled=true", "podMonitor.basicAuth.username.name=x"], major)
     assert "key" in stderr
+
+
+# --- cluster.agentAccess: the cluster view reading protected node agents ----------------------
+
+AGENT_AUTH_DIR = "/etc/gpuledger/agent-auth"
+AGENT_CA_DIR = "/etc/gpuledger/agent-ca"
+
+
+def _agent_env(workload: Manifest) -> dict[str, Any]:
+    return {k: v for k, v in env_of(workload).items() if k.startswith("GPULEDGER_AGENT_")}
+
+
+def _volumes(workload: Manifest) -> dict[str, Any]:
+    return {v["name"]: v for v in pod_spec(workload)["volumes"]}
+
+
+def _mounts(workload: Manifest) -> dict[str, Any]:
+    return {m["name"]: m for m in container(workload)["volumeMounts"]}
+
+
+def test_the_cluster_view_reads_tls_agents_with_the_tls_secrets_ca_and_an_auth_file() -> None:
+    manifests = render(SECURE)
+    access = _secure_values()["cluster"]["agentAccess"]
+    tls_secret = _secure_values()["exporter"]["webConfig"]["tlsSecretName"]
+    cluster = component(manifests, "Deployment", "cluster")
+    assert _agent_env(cluster) == {
+        "GPULEDGER_AGENT_TLS": "true",
+        # cert-manager's ca.crt, from the TLS Secret the web-config volume already projects
+        "GPULEDGER_AGENT_CA_FILE": f"{WEB_DIR}/ca.crt",
+        "GPULEDGER_AGENT_SERVER_NAME": access["serverName"],
+        "GPULEDGER_AGENT_AUTH_FILE": f"{AGENT_AUTH_DIR}/auth",
+    }
+    volumes, mounts = _volumes(cluster), _mounts(cluster)
+    assert {"secret": {"name": tls_secret}} in volumes["web-config"]["projected"]["sources"]
+    assert "agent-ca" not in volumes and "agent-ca" not in mounts
+    # The password is a file in a read-only mount, never an environment variable's value.
+    assert volumes["agent-auth"]["secret"] == {
+        "secretName": access["authSecretName"],
+        "defaultMode": 0o440,
+        "items": [{"key": "auth", "path": "auth"}],
+    }
+    assert mounts["agent-auth"] == {
+        "name": "agent-auth",
+        "mountPath": AGENT_AUTH_DIR,
+        "readOnly": True,
+    }
+    # Only the cluster view reads other agents.
+    assert not _agent_env(component(manifests, "DaemonSet", "node"))
+    assert "agent-auth" not in _volumes(component(manifests, "DaemonSet", "node"))
+
+
+def test_a_ca_secret_of_its_own_is_mounted_and_named(tmp_path: Path) -> None:
+    values = _write_values(
+        tmp_path,
+        {
+            "exporter": {"webConfig": {"tlsSecretName": ""}},
+            "cluster": {"agentAccess": {"caSecretName": "agents-ca", "caKey": "bundle.pem"}},
+        },
+    )
+    cluster = component(render(SECURE, values), "Deployment", "cluster")
+    assert _agent_env(cluster)["GPULEDGER_AGENT_CA_FILE"] == f"{AGENT_CA_DIR}/bundle.pem"
+    assert _volumes(cluster)["agent-ca"]["secret"] == {
+        "secretName": "agents-ca",
+        "defaultMode": 0o440,
+        "items": [{"key": "bundle.pem", "path": "bundle.pem"}],
+    }
+    assert _mounts(cluster)["agent-ca"] == {
+        "name": "agent-ca",
+        "mountPath": AGENT_CA_DIR,
+        "readOnly": True,
+    }
+
+
+def test_basic_auth_alone_reads_the_agents_over_http_with_the_auth_file() -> None:
+    sets = [
+        "exporter.webConfig.secretName=gpuledger-web-config",
+        "cluster.agentAccess.authSecretName=gpuledger-agent-auth",
+        "cluster.agentAccess.caSecretName=ignored-without-tls",
+    ]
+    cluster = component(render(sets=sets), "Deployment", "cluster")
+    assert _agent_env(cluster) == {"GPULEDGER_AGENT_AUTH_FILE": f"{AGENT_AUTH_DIR}/auth"}
+    assert "agent-ca" not in _volumes(cluster)
+
+
+def test_no_agent_access_by_default() -> None:
+    for scenario in [s for s in SCENARIOS if s != SECURE]:
+        cluster = component(render(scenario), "Deployment", "cluster")
+        assert not _agent_env(cluster)
+        assert not {"agent-ca", "agent-auth"} & set(_volumes(cluster))
+
+
+@pytest.mark.parametrize("major", HELM_MAJORS)
+def test_tls_without_a_ca_for_the_cluster_view_is_refused(major: str) -> None:
+    sets = ["exporter.webConfig.secretName=gpuledger-web-config", "exporter.webConfig.tls=true"]
+    stderr = _fails(sets, major)
+    assert "cluster.agentAccess.caSecretName" in stderr
+    assert "exporter.webConfig.tlsSecretName" in stderr
+    # Without the cluster view nothing reads the agents: no CA needed.
+    assert of_kind(render(sets=[*sets, "cluster.enabled=false"], major=major), "DaemonSet")
+
+
+@pytest.mark.parametrize("major", HELM_MAJORS)
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("authSecretName=Agent_Auth", "authSecretName"),
+        ("caSecretName=CA", "caSecretName"),
+        ("serverName=not/a/name", "serverName"),
+        ("password=x", "password"),
+    ],
+)
+def test_schema_rejects_bad_agent_access(major: str, item: str, message: str) -> None:
+    assert message in _fails([f"cluster.agentAccess.{item}"], major)

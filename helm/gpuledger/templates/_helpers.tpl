@@ -202,6 +202,85 @@ certificate and key when their files change.
 {{- end -}}
 
 {{/*
+cluster.agentAccess: how the cluster view's cluster-wide /ledger reads the node agents'
+/ledger.json when exporter.webConfig protects them (GPULEDGER_AGENT_* = serve's --agent-*
+flags). With exporter.webConfig.tls: https, verified against cluster.agentAccess.caSecretName's
+CA, else the ca.crt of exporter.webConfig.tlsSecretName (cert-manager writes it), which the
+web-config volume already holds. Basic auth: the USER:PASSWORD of authSecretName's key
+`auth`, mounted as a file, never an environment variable.
+*/}}
+{{- define "gpuledger.agentCaDir" -}}
+/etc/gpuledger/agent-ca
+{{- end -}}
+
+{{- define "gpuledger.agentAuthDir" -}}
+/etc/gpuledger/agent-auth
+{{- end -}}
+
+{{- define "gpuledger.agentAccessEnv" -}}
+{{- include "gpuledger.webConfigCheck" . -}}
+{{- $a := .Values.cluster.agentAccess -}}
+{{- $w := .Values.exporter.webConfig -}}
+{{- if $w.tls }}
+{{- if not (or $a.caSecretName $w.tlsSecretName) -}}
+{{- fail "exporter.webConfig.tls: the cluster view verifies the node agents' certificate against a CA: set exporter.webConfig.tlsSecretName (a cert-manager Certificate's Secret, with ca.crt) or cluster.agentAccess.caSecretName (docs/install.md, \"Restricting access\")" -}}
+{{- end }}
+- name: GPULEDGER_AGENT_TLS
+  value: "true"
+- name: GPULEDGER_AGENT_CA_FILE
+  {{- if $a.caSecretName }}
+  value: {{ printf "%s/%s" (include "gpuledger.agentCaDir" .) $a.caKey | quote }}
+  {{- else }}
+  value: {{ printf "%s/ca.crt" (include "gpuledger.webConfigDir" .) | quote }}
+  {{- end }}
+{{- with $a.serverName }}
+- name: GPULEDGER_AGENT_SERVER_NAME
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- if $a.authSecretName }}
+- name: GPULEDGER_AGENT_AUTH_FILE
+  value: {{ printf "%s/auth" (include "gpuledger.agentAuthDir" .) | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.agentAccessVolume" -}}
+{{- $a := .Values.cluster.agentAccess -}}
+{{- if and .Values.exporter.webConfig.tls $a.caSecretName }}
+- name: agent-ca
+  secret:
+    secretName: {{ $a.caSecretName }}
+    defaultMode: 0440
+    items:
+      - key: {{ $a.caKey }}
+        path: {{ $a.caKey }}
+{{- end }}
+{{- with $a.authSecretName }}
+- name: agent-auth
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+    items:
+      - key: auth
+        path: auth
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.agentAccessMount" -}}
+{{- $a := .Values.cluster.agentAccess -}}
+{{- if and .Values.exporter.webConfig.tls $a.caSecretName }}
+- name: agent-ca
+  mountPath: {{ include "gpuledger.agentCaDir" . }}
+  readOnly: true
+{{- end }}
+{{- if $a.authSecretName }}
+- name: agent-auth
+  mountPath: {{ include "gpuledger.agentAuthDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/*
 A probe from values, with httpGet.scheme HTTPS when the exporter serves TLS (a plain HTTP
 probe of a TLS port always fails; the kubelet does not verify the certificate). Include
 with (dict "ctx" $ "probe" $v.livenessProbe); empty when the probe is.
