@@ -38,6 +38,8 @@
       and on (%(ekey)s)
       (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max == %(rank)d)
     ||| % { ekey: ekey, rank: std.length(reasons) - std.find(reason, reasons)[0] }, '\n'),
+  // The device an alert names: a GPU, or a MIG device of one.
+  local deviceText = '{{ if $labels.parent_gpu_uuid }}MIG device {{ $labels.gpu_uuid }} of GPU {{ $labels.parent_gpu_uuid }}{{ else }}GPU {{ $labels.gpu_uuid }}{{ end }}',
   // Ledger alerts stay silent on a node where a source the ledger needs is down.
   local ledgerSourcesUp = |||
     unless on (%(cl)s, node)
@@ -220,8 +222,10 @@
         rules: [
           {
             alert: 'GpuLedgerGpuAllocatedUnused',
+            // A MIG device is allocated and judged on its own (gpu_uuid: its MIG UUID);
+            // parent_gpu_uuid names its GPU, and is absent for a whole GPU.
             expr: |||
-              max by (%(cl)s, node, namespace, workload, pod, pod_uid, container, gpu_uuid) (gpuledger_gpu_allocated_unused{%(sel)s} == 1)
+              max by (%(cl)s, node, namespace, workload, pod, pod_uid, container, gpu_uuid, parent_gpu_uuid) (gpuledger_gpu_allocated_unused{%(sel)s} == 1)
               unless on (%(cl)s, pod_uid)
               (gpuledger_pod_starting{%(sel)s} == 1)
               %(ledgerSourcesUp)s
@@ -229,21 +233,21 @@
             'for': c.gpuAllocatedUnusedFor,
             labels: { severity: 'warning', layer: 'ledger' },
             annotations: {
-              summary: 'A GPU is allocated to a container that does not use it.',
-              description: 'GPU {{ $labels.gpu_uuid }} on node {{ $labels.node }} has been allocated to container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} (workload {{ $labels.workload }}) for %s, but no process of that container holds a context on it.' % c.gpuAllocatedUnusedFor,
+              summary: 'A GPU or MIG device is allocated to a container that does not use it.',
+              description: deviceText + ' on node {{ $labels.node }} has been allocated to container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} (workload {{ $labels.workload }}) for %s, but no process of that container holds a context on it.' % c.gpuAllocatedUnusedFor,
             },
           },
           {
             alert: 'GpuLedgerGpuUnallocatedUse',
             expr: |||
-              max by (%(cl)s, node, namespace, workload, pod, pod_uid, container, gpu_uuid) (gpuledger_gpu_unallocated_use{%(sel)s} == 1)
+              max by (%(cl)s, node, namespace, workload, pod, pod_uid, container, gpu_uuid, parent_gpu_uuid) (gpuledger_gpu_unallocated_use{%(sel)s} == 1)
               %(ledgerSourcesUp)s
             ||| % { cl: cl, sel: sel, ledgerSourcesUp: std.rstripChars(ledgerSourcesUp, '\n') },
             'for': c.gpuUnallocatedUseFor,
             labels: { severity: 'warning', layer: 'ledger' },
             annotations: {
-              summary: 'A container uses a GPU that is not allocated to it.',
-              description: 'Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} (workload {{ $labels.workload }}) has been using GPU {{ $labels.gpu_uuid }} on node {{ $labels.node }} for %s without Kubernetes allocating it to that container.' % c.gpuUnallocatedUseFor,
+              summary: 'A container uses a GPU or MIG device that is not allocated to it.',
+              description: 'Container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }} (workload {{ $labels.workload }}) has been using ' + deviceText + ' on node {{ $labels.node }} for %s without Kubernetes allocating it to that container.' % c.gpuUnallocatedUseFor,
             },
           },
           {

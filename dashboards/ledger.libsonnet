@@ -1,5 +1,6 @@
 // "GPU ledger": per node and GPU UUID, who is allocated which GPU, who uses it, how much
-// memory each pod holds on shared GPUs, and where allocation and use disagree.
+// memory each pod holds on shared GPUs, and where allocation and use disagree. A MIG device
+// is a row of its own (gpu_uuid: its MIG UUID) showing its GPU (parent_gpu_uuid).
 local g = import 'lib.libsonnet';
 
 {
@@ -9,7 +10,10 @@ local g = import 'lib.libsonnet';
     local gpu = 'gpu_uuid=~"$gpu"',
     local ns = 'namespace=~"$namespace"',
     local S(m) = g.selector(c, m),
-    local podKey = 'node, gpu_uuid, namespace, pod, container',
+    local podKey = 'node, parent_gpu_uuid, gpu_uuid, namespace, pod, container',
+    // The MIG devices of the selected GPUs.
+    local migsOf = ['parent_gpu_uuid=~"$gpu"', 'parent_gpu_uuid!=""'],
+    local migKey = 'node, parent_gpu_uuid, gpu_uuid',
 
     'gpuledger-gpu-ledger.json': g.dashboard(
       c,
@@ -35,6 +39,28 @@ local g = import 'lib.libsonnet';
               [g.target('max by (node, gpu_uuid, gpu_index, model, pci_bus_id, mig_mode) (gpuledger_gpu_info%s)' % S([node, gpu]))],
               [['node', 'Node'], ['gpu_index', 'Index'], ['gpu_uuid', 'GPU UUID'], ['model', 'Model'], ['pci_bus_id', 'PCI bus'], ['mig_mode', 'MIG']],
             ),
+            g.table(
+              'MIG devices under each GPU',
+              "The MIG devices of each GPU in MIG mode, sorted by their GPU: MIG device index (the toolkit's <gpu>:<mig>), profile, GPU and compute instance ids (nvidia-smi's GI and CI), memory. Each is allocated, used and alerted on by its own MIG UUID.",
+              'short',
+              [
+                g.target('max by (%s, mig_index, profile, gpu_instance_id, compute_instance_id) (gpuledger_mig_device_info%s)' % [migKey, S([node] + migsOf)]),
+                g.target('max by (%s) (gpuledger_gpu_memory_used_bytes%s)' % [migKey, S([node] + migsOf)]),
+                g.target('max by (%s) (gpuledger_gpu_memory_total_bytes%s)' % [migKey, S([node] + migsOf)]),
+              ],
+              [
+                ['node', 'Node'],
+                ['parent_gpu_uuid', 'GPU UUID'],
+                ['mig_index', 'MIG'],
+                ['gpu_uuid', 'MIG device UUID'],
+                ['profile', 'Profile'],
+                ['gpu_instance_id', 'GI'],
+                ['compute_instance_id', 'CI'],
+                ['Value #B', 'Memory used'],
+                ['Value #C', 'Memory total'],
+              ],
+              { 'Value #B': 'bytes', 'Value #C': 'bytes' },
+            ) + { options+: { sortBy: [{ displayName: 'GPU UUID', desc: false }] } },
           ],
         },
         {
@@ -42,9 +68,9 @@ local g = import 'lib.libsonnet';
           panels: [
             g.timeseries(
               'GPU memory used',
-              'Device memory in use per GPU (NVML).',
+              "Device memory in use per GPU (NVML), and per MIG device (with its GPU); a GPU in MIG mode holds its MIG devices' memory.",
               'bytes',
-              [g.target('max by (node, gpu_uuid) (gpuledger_gpu_memory_used_bytes%s)' % S([node, gpu]), '{{node}} {{gpu_uuid}}')],
+              [g.target('max by (node, gpu_uuid, parent_gpu_uuid) (gpuledger_gpu_memory_used_bytes%s)' % S([node, gpu]), '{{node}} {{gpu_uuid}} {{parent_gpu_uuid}}')],
             ),
             g.timeseries(
               'GPU memory total',
@@ -61,9 +87,9 @@ local g = import 'lib.libsonnet';
             ),
             g.timeseries(
               'GPUs answering NVML',
-              'GPUs whose NVML queries succeed (1) or fail, e.g. GPU_IS_LOST (0).',
+              'GPUs whose NVML queries succeed (1) or fail, e.g. GPU_IS_LOST (0); MIG devices are not counted.',
               'short',
-              [g.target('sum by (node) (gpuledger_gpu_up%s)' % S([node, gpu]), '{{node}}')],
+              [g.target('sum by (node) (gpuledger_gpu_up%s)' % S([node, gpu, 'parent_gpu_uuid=""']), '{{node}}')],
             ),
           ],
         },
@@ -73,7 +99,7 @@ local g = import 'lib.libsonnet';
           panels: [
             g.table(
               'Allocated to / used by, per container',
-              'One row per GPU and container: Kubernetes allocation (PodResources), GPU memory its processes hold (NVML), and the two disagreements. A GPU used by a container it is not allocated to, or allocated and never opened, shows here.',
+              'One row per GPU (or MIG device, with its GPU) and container: Kubernetes allocation (PodResources), GPU memory its processes hold (NVML), and the two disagreements. A GPU used by a container it is not allocated to, or allocated and never opened, shows here.',
               'short',
               [
                 g.target('max by (%s) (gpuledger_gpu_allocation_info%s)' % [podKey, S([node, gpu, ns])]),
@@ -83,7 +109,8 @@ local g = import 'lib.libsonnet';
               ],
               [
                 ['node', 'Node'],
-                ['gpu_uuid', 'GPU UUID'],
+                ['gpu_uuid', 'GPU or MIG UUID'],
+                ['parent_gpu_uuid', 'GPU of the MIG device'],
                 ['namespace', 'Namespace'],
                 ['pod', 'Pod'],
                 ['container', 'Container'],
@@ -101,7 +128,7 @@ local g = import 'lib.libsonnet';
           panels: [
             g.stat(
               'GPUs allocated but unused',
-              'Container-GPU pairs Kubernetes allocated that no process of the container uses.',
+              'Container-GPU pairs Kubernetes allocated that no process of the container uses (a MIG device counts as one GPU).',
               'short',
               [g.target('sum(gpuledger_gpu_allocated_unused%s) or vector(0)' % S([node, gpu, ns]))],
               [{ color: 'green', value: null }, { color: 'orange', value: 1 }],

@@ -24,6 +24,24 @@ local allocatedUnused =
   + f.ledgerFlag('gpuledger_gpu_allocated_unused', 'embed-a', 'GPU-e1', value=0, workload='embed')
   + f.ledgerFlag('gpuledger_gpu_allocated_unused', 'embed-a', 'GPU-e2', workload='embed');
 
+// A MIG device (mixed strategy) allocated and never opened, while its sibling on the same
+// GPU is used: the alert names the MIG device and its GPU.
+local migKey = {
+  node: 'gpu-node-1',
+  namespace: 'ml',
+  workload: 'tiny',
+  pod: 'tiny-a',
+  pod_uid: 'uid-tiny-a',
+  container: 'vllm',
+};
+local migUnused = [
+  t.gauge('gpuledger_gpu_allocation_info', f.nodeExporter + migKey { gpu_uuid: mig, parent_gpu_uuid: 'GPU-m', resource: 'nvidia.com/mig-1g.10gb' } + { workload:: null }, 1)
+  for mig in ['MIG-m0', 'MIG-m1']
+] + [
+  t.gauge('gpuledger_gpu_allocated_unused', f.nodeExporter + migKey { gpu_uuid: 'MIG-m0', parent_gpu_uuid: 'GPU-m' }, 0),
+  t.gauge('gpuledger_gpu_allocated_unused', f.nodeExporter + migKey { gpu_uuid: 'MIG-m1', parent_gpu_uuid: 'GPU-m' }, 1),
+];
+
 local doubleBookingDescription(pod, rayNode, total, allocated) =
   'Ray node %s in pod ray/%s has advertised %d logical GPU(s) for %s, but Kubernetes allocated %d GPU(s) to the pod: Ray can schedule GPU actors onto GPUs the pod does not own (double booking).'
   % [rayNode, pod, total, c.rayGpusExceedAllocationFor, allocated];
@@ -35,6 +53,18 @@ t.file([
     allocatedUnused + f.sources(),
     fires=[unusedAlert],
     stages={ 'ml/embed': 'serving' },
+  ),
+
+  t.scenario(
+    'MIG device allocated but unused',
+    migUnused + f.sources(),
+    fires=[
+      t.alert(
+        'GpuLedgerGpuAllocatedUnused',
+        migKey { gpu_uuid: 'MIG-m1', parent_gpu_uuid: 'GPU-m' },
+        'MIG device MIG-m1 of GPU GPU-m on node gpu-node-1 has been allocated to container vllm of pod ml/tiny-a (workload tiny) for %s, but no process of that container holds a context on it.' % c.gpuAllocatedUnusedFor,
+      ),
+    ],
   ),
 
   // The same ledger while procfs fails: the ledger is blind, the source alert says so.

@@ -115,6 +115,16 @@ EXPECTED: dict[str, tuple[str, str, dict[str, str]] | None] = {
         "ledger",
         {"pod": "raycluster-dbl-gpu-worker-0"},
     ),
+    # a MIG device (mixed strategy) allocated and never opened, its sibling in use
+    "e2e-mig": (
+        "GpuLedgerGpuAllocatedUnused",
+        "ledger",
+        {
+            "pod": "tiny-b",
+            "gpu_uuid": "MIG-e2e0c001-0000-5000-8000-00000000c001",
+            "parent_gpu_uuid": "GPU-e2e00020-0000-4000-8000-000000000020",
+        },
+    ),
     # a healthy engine serving, nothing waiting
     "e2e-serving": None,
     # two notebooks time-slicing one GPU: both allocated, both using it: nothing
@@ -136,6 +146,7 @@ STAGES = {
     ("e2e-ray", "raycluster-dbl"): "no_engine",
     ("e2e-shared", "notebook-a"): "no_engine",
     ("e2e-shared", "notebook-b"): "no_engine",
+    ("e2e-mig", "tiny"): "no_engine",
 }
 
 # e2e-phases.yaml's phases for e2e-evolving, in order: the stage and the alerts of each.

@@ -43,6 +43,22 @@ f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'], 
   t.gauge('gpuledger_container_device_info', node { namespace: 'ml', pod: 'chat-a', pod_uid: 'uid-chat-a', container: 'vllm', local_index: '0', gpu_uuid: 'GPU-a', source: 'env' }, 1),
   t.gauge('gpuledger_container_device_info', node { namespace: 'ml', pod: 'chat-a', pod_uid: 'uid-chat-a', container: 'vllm', local_index: '1', gpu_uuid: 'GPU-x', source: 'env' }, 1),
 ]
+// A GPU in MIG mode with two MIG devices, one of them used by a pod.
++ [
+  t.gauge('gpuledger_gpu_info', node { gpu_uuid: 'GPU-m', gpu_index: '4', model: 'NVIDIA H100 80GB HBM3', pci_bus_id: '00000000:05:00.0', mig_mode: 'enabled' }, 1),
+  t.gauge('gpuledger_gpu_up', node { gpu_uuid: 'GPU-m' }, 1),
+  t.gauge('gpuledger_gpu_memory_used_bytes', node { gpu_uuid: 'GPU-m' }, 3221225472),
+]
++ std.flattenArrays([
+  [
+    t.gauge('gpuledger_mig_device_info', node { gpu_uuid: m[0], parent_gpu_uuid: 'GPU-m', mig_index: m[1], profile: '1g.10gb', gpu_instance_id: m[2], compute_instance_id: '0' }, 1),
+    t.gauge('gpuledger_gpu_up', node { gpu_uuid: m[0], parent_gpu_uuid: 'GPU-m' }, 1),
+    t.gauge('gpuledger_gpu_memory_total_bytes', node { gpu_uuid: m[0], parent_gpu_uuid: 'GPU-m' }, 10737418240),
+    t.gauge('gpuledger_gpu_memory_used_bytes', node { gpu_uuid: m[0], parent_gpu_uuid: 'GPU-m' }, m[3]),
+  ]
+  for m in [['MIG-m0', '0', '7', 3221225472], ['MIG-m1', '1', '8', 0]]
+])
++ [t.gauge('gpuledger_container_gpu_memory_used_bytes', container('tiny-a', 'MIG-m0', workload='tiny') { parent_gpu_uuid: 'GPU-m' }, 3221225472)]
 // Ray: a worker pod with 2 logical GPUs on 1 allocated one, an actor using it, and work
 // that waits for more.
 + f.rayNode('ray-llm-worker-a', 'node-a', 2, 0, allocated=1)

@@ -33,6 +33,7 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_gpu_memory_total_bytes",
         "gpuledger_gpu_memory_used_bytes",
         "gpuledger_gpu_utilization_ratio",
+        "gpuledger_mig_device_info",
         # Kubernetes allocation and containers
         "gpuledger_gpu_allocation_info",
         "gpuledger_container_device_info",
