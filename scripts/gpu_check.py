@@ -1,8 +1,15 @@
 """Real-GPU check: a real CUDA process must come out of the real sources as it is.
 
-Starts a child under the title `gpuledger-check-worker` that allocates 1 GiB on cuda:0 with
-CUDA_VISIBLE_DEVICES pointing at the *last* GPU (so cuda:0 != host index 0 on multi-GPU
-machines), then checks PID, title, GPU UUID, memory and the cuda:0 -> UUID mapping.
+1. A whole GPU: a child under the title `gpuledger-check-worker` allocates 1 GiB on cuda:0
+   with CUDA_VISIBLE_DEVICES naming the *last* GPU not in MIG mode (so cuda:0 is not host
+   index 0 on multi-GPU machines); checked: PID, title, GPU UUID, memory, cuda:0 -> UUID,
+   and that no secret of its environment reaches the ledger.
+2. A MIG device, where the machine has one: the same with CUDA_VISIBLE_DEVICES naming it
+   (256 MiB); checked: the MIG device under its GPU with the instance ids and profile NVML
+   gives, the process on the MIG device (not on its GPU), cuda:0 -> the MIG UUID, and the
+   series keyed by the MIG UUID with `parent_gpu_uuid`. Read-only: nothing here changes a
+   GPU's MIG mode or its instances, and the check verifies every GPU's MIG mode is the same
+   after as before. Without a MIG device it says so, and that is no failure.
 """
 
 from __future__ import annotations
@@ -11,71 +18,215 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pynvml
 
-from gpuledger.ledger import build_ledger
+from gpuledger.collector import Published, snapshot_families
+from gpuledger.exposition import render_text
+from gpuledger.ledger import Ledger, build_ledger
+from gpuledger.model import Snapshots
+from gpuledger.model.nvml import NVML, NvmlSnapshot
+from gpuledger.model.procfs import PROCESSES
 from gpuledger.sources.nvml import NvmlSource
 from gpuledger.sources.procfs import ProcfsSource
 
 TITLE = "gpuledger-check-worker"
-GiB = 1024**3
+SECRET = "hf_gpucheck_secret"  # noqa: S105 (a canary the ledger must not carry)
+MiB = 1024**2
 CHILD = """
 import sys, time, torch
-x = torch.empty(1024**3, dtype=torch.uint8, device="cuda:0")
+x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda:0")
 torch.cuda.synchronize()
 print(str(torch.cuda.get_device_properties(0).uuid), flush=True)
 time.sleep(120)
 """
 
 
-def main() -> int:
-    pynvml.nvmlInit()
-    last = pynvml.nvmlDeviceGetCount() - 1
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(last), "HF_TOKEN": "hf_gpucheck_secret"}
+def text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What NVML says before anything runs: every GPU's MIG mode, the GPUs not in MIG
+    mode, and the MIG devices as (parent UUID, MIG UUID, GI, CI)."""
+
+    modes: dict[str, tuple[int, int] | None]
+    whole: list[str]
+    migs: list[tuple[str, str, int, int]]
+
+
+def inventory() -> Inventory:
+    modes: dict[str, tuple[int, int] | None] = {}
+    whole: list[str] = []
+    migs: list[tuple[str, str, int, int]] = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = text(pynvml.nvmlDeviceGetUUID(handle))
+        try:
+            current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+        except pynvml.NVMLError_NotSupported:
+            modes[uuid] = None  # no MIG on this GPU model
+            whole.append(uuid)
+            continue
+        modes[uuid] = (int(current), int(pending))
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            whole.append(uuid)
+            continue
+        for m in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, m)
+            except pynvml.NVMLError_NotFound:
+                continue
+            migs.append(
+                (
+                    uuid,
+                    text(pynvml.nvmlDeviceGetUUID(mig)),
+                    int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
+                    int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+                )
+            )
+    return Inventory(modes, whole, migs)
+
+
+@contextmanager
+def worker(device: str, size: int) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A CUDA child holding `size` bytes on `device` (a GPU or MIG UUID) as its cuda:0."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": device, "HF_TOKEN": SECRET}
     child = subprocess.Popen(
-        ["bash", "-c", f'exec -a {TITLE} "{sys.executable}" -c "$0"', CHILD],
-        stdout=subprocess.PIPE, text=True, env=env,
+        ["bash", "-c", f'exec -a {TITLE} "{sys.executable}" -c "$0" "$1"', CHILD, str(size)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
-    failures: list[str] = []
     try:
         assert child.stdout is not None
         torch_uuid = child.stdout.readline().strip()
         time.sleep(1)
-        source = NvmlSource()
-        nvml = source.fetch()
-        pids = [p.pid for g in nvml.gpus for p in g.processes]
-        procs = ProcfsSource("/proc").fetch(pids)
-        ledger = build_ledger(node="gpu-check", mode="node", taken_at=time.time(),
-                              nvml=nvml, procs=procs, sources=())
-        print(f"driver {nvml.driver_version}, {len(nvml.gpus)} GPU(s); child pid {child.pid}")
-        expected = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(last))
-        expected = expected.decode() if isinstance(expected, bytes) else expected
-        if torch_uuid and torch_uuid not in expected:
-            failures.append(f"torch cuda:0 uuid {torch_uuid} is not NVML index {last} {expected}")
-        view = {p.pid: p for p in ledger.processes}.get(child.pid)
-        if view is None:
-            failures.append(f"child pid {child.pid} not among NVML processes {sorted(pids)}")
-        else:
-            print(f"child seen: title={view.title!r} gpu_memory={view.gpu_memory} "
-                  f"cuda_devices={view.cuda_devices}")
-            if view.title != TITLE:
-                failures.append(f"title {view.title!r} != {TITLE!r}")
-            held = dict(view.gpu_memory)
-            if set(held) != {expected}:
-                failures.append(f"child on {set(held)}, expected {expected}")
-            used = held.get(expected) or 0
-            if not GiB <= used <= 3 * GiB:
-                failures.append(f"child memory {used} bytes, expected 1-3 GiB")
-            if not view.cuda_devices or view.cuda_devices[0] != expected:
-                failures.append(f"cuda:0 maps to {view.cuda_devices}, expected {expected} first")
-        exposition = repr(ledger)
-        if "hf_gpucheck_secret" in exposition:
-            failures.append("secret environment value reached the ledger")
-        source.close()
+        yield child, torch_uuid
     finally:
         child.kill()
         child.wait()
+
+
+def read_ledger() -> tuple[NvmlSnapshot, Ledger]:
+    """One cycle of the real NVML and procfs sources, joined."""
+    source = NvmlSource()
+    try:
+        nvml = source.fetch()
+    finally:
+        source.close()
+    procs = ProcfsSource("/proc").fetch(Snapshots({NVML: nvml}))
+    snapshots = Snapshots({NVML: nvml, PROCESSES: procs})
+    return nvml, build_ledger(snapshots, node="gpu-check", mode="node", taken_at=time.time())
+
+
+def check_process(ledger: Ledger, pid: int, device: str, size: int) -> list[str]:
+    """The child in the ledger: its title, its memory on `device` only, cuda:0 = `device`."""
+    view = {p.pid: p for p in ledger.processes}.get(pid)
+    if view is None:
+        return [f"child pid {pid} not among NVML's processes"]
+    print(
+        f"  child seen: title={view.title!r} gpu_memory={view.gpu_memory} "
+        f"cuda_devices={view.cuda_devices}"
+    )
+    failures = []
+    if view.title != TITLE:
+        failures.append(f"title {view.title!r} != {TITLE!r}")
+    held = dict(view.gpu_memory)
+    if set(held) != {device}:
+        failures.append(f"child on {set(held)}, expected {device}")
+    used = held.get(device) or 0
+    if not size <= used <= size + 2048 * MiB:  # plus the CUDA context
+        failures.append(f"child memory {used} bytes, expected {size} plus a context")
+    if not view.cuda_devices or view.cuda_devices[0] != device:
+        failures.append(f"cuda:0 maps to {view.cuda_devices}, expected {device} first")
+    if SECRET in repr(ledger):
+        failures.append("secret environment value reached the ledger")
+    return failures
+
+
+def check_whole_gpu(found: Inventory) -> list[str]:
+    if not found.whole:
+        print("whole GPU: every GPU is in MIG mode; the whole-GPU check was not run")
+        return []
+    device, size = found.whole[-1], 1024 * MiB
+    print(f"whole GPU: {device}")
+    with worker(device, size) as (child, torch_uuid):
+        nvml, ledger = read_ledger()
+        print(f"  driver {nvml.driver_version}, {len(nvml.gpus)} GPU(s); child pid {child.pid}")
+        failures = check_process(ledger, child.pid, device, size)
+        if torch_uuid and torch_uuid not in device:
+            failures.append(f"torch cuda:0 uuid {torch_uuid} is not {device}")
+    return failures
+
+
+def check_mig_device(found: Inventory) -> list[str]:
+    in_mig = [u for u, mode in found.modes.items() if mode and mode[0]]
+    if not found.migs:
+        where = (
+            f"MIG mode is on for {', '.join(in_mig)} but" if in_mig else "no GPU is in MIG mode:"
+        )
+        print(
+            f"MIG: {where} this machine has no MIG device; the MIG check was not run (no failure)"
+        )
+        return []
+    parent, device, gi, ci = found.migs[0]
+    size = 256 * MiB
+    print(f"MIG: {device} (GPU {parent}, GPU instance {gi}, compute instance {ci})")
+    with worker(device, size) as (child, torch_uuid):
+        nvml, ledger = read_ledger()
+        failures = check_process(ledger, child.pid, device, size)
+        failures += check_mig_view(nvml, ledger, (parent, device, gi, ci), child.pid)
+        if torch_uuid and torch_uuid.removeprefix("MIG-") not in device:
+            print(f"  note: torch names cuda:0 {torch_uuid} (not compared: CUDA's own form)")
+    return failures
+
+
+def check_mig_view(
+    nvml: NvmlSnapshot, ledger: Ledger, expected: tuple[str, str, int, int], pid: int
+) -> list[str]:
+    parent, device, gi, ci = expected
+    gpu = next((g for g in nvml.gpus if g.uuid == parent), None)
+    mig = next((m for m in gpu.mig_devices if m.uuid == device), None) if gpu else None
+    if gpu is None or mig is None:
+        return [f"MIG device {device} not under GPU {parent} in the NVML snapshot"]
+    print(f"  NVML source: {mig}")
+    failures = []
+    if (mig.gpu_instance_id, mig.compute_instance_id) != (gi, ci):
+        failures.append(
+            f"instance ids {mig.gpu_instance_id}/{mig.compute_instance_id} != {gi}/{ci}"
+        )
+    if not mig.profile or "g." not in mig.profile:
+        failures.append(f"no MIG profile read: {mig.profile!r}")
+    if any(p.pid == pid for p in gpu.processes):
+        failures.append("the process is listed on the GPU as well as on its MIG device")
+    if gpu.utilization_ratio is not None:
+        failures.append("a GPU in MIG mode reports utilization: NVML should not")
+    exposition = render_text(snapshot_families(Published(ledger), time.time())).decode()
+    wanted = f'gpu_uuid="{device}"'
+    rows = [
+        line
+        for line in exposition.splitlines()
+        if line.startswith("gpuledger_gpu_memory_used_bytes{") and wanted in line
+    ]
+    if len(rows) != 1 or f'parent_gpu_uuid="{parent}"' not in rows[0]:
+        failures.append(f"MIG memory series wrong: {rows}")
+    return failures
+
+
+def main() -> int:
+    pynvml.nvmlInit()
+    before = inventory()
+    failures = check_whole_gpu(before)
+    failures += check_mig_device(before)
+    after = inventory()
+    if after.modes != before.modes:  # read-only: nothing may have changed a MIG setting
+        failures.append(f"MIG modes changed during the check: {before.modes} -> {after.modes}")
+    pynvml.nvmlShutdown()
     for failure in failures:
         print("FAIL:", failure)
     print("PASS" if not failures else "FAIL")
