@@ -463,6 +463,58 @@ def ray_cluster_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (groups, pending)
 
 
+SERVE_DEPLOYMENT_LABELS = ["namespace", "workload", "application", "deployment"]
+SERVE_REPLICA_LABELS = [*POD_LABELS, "application", "deployment", "replica"]
+
+
+def serve_families(ledger: Ledger) -> Iterator[Metric]:
+    node = ledger.node
+    info = _gauge(
+        "gpuledger_serve_deployment_info",
+        "1 per Ray Serve deployment with a router or a replica on this node: its status "
+        "and max_ongoing_requests (requests one replica takes; the rest wait at the router).",
+        [*SERVE_DEPLOYMENT_LABELS, "status", "max_ongoing_requests"],
+    )
+    queued = _gauge(
+        "gpuledger_serve_router_queued_requests",
+        "Requests the Serve routers (proxies, deployment handles) on this node's Ray nodes "
+        "hold for a deployment, not assigned to a replica yet.",
+        SERVE_DEPLOYMENT_LABELS,
+    )
+    at_replicas = _gauge(
+        "gpuledger_serve_router_requests_at_replicas",
+        "Requests those routers have assigned to the deployment's replicas, not finished yet.",
+        SERVE_DEPLOYMENT_LABELS,
+    )
+    replica_info = _gauge(
+        "gpuledger_serve_replica_info",
+        "1 per Ray Serve replica on this node's Ray nodes: its pod and state.",
+        [*SERVE_REPLICA_LABELS, "state"],
+    )
+    ongoing = _gauge(
+        "gpuledger_serve_replica_ongoing_requests",
+        "Requests a Ray Serve replica runs now (ray_serve_replica_processing_queries).",
+        SERVE_REPLICA_LABELS,
+    )
+    serve = ledger.serve
+    for d in serve.deployments if serve is not None else ():
+        key = [node, d.namespace, d.workload, d.application, d.deployment]
+        limit = "" if d.max_ongoing_requests is None else str(d.max_ongoing_requests)
+        info.add_metric([*key, d.status, limit], 1)
+        if d.router_queued is not None:
+            queued.add_metric(key, d.router_queued)
+        if d.router_at_replicas is not None:
+            at_replicas.add_metric(key, d.router_at_replicas)
+    for r in serve.replicas if serve is not None else ():
+        values = [node, r.namespace, r.pod, r.pod_uid, r.workload]
+        values += [r.application, r.deployment, r.replica]
+        replica_info.add_metric([*values, r.state], 1)
+        if r.ongoing is not None:
+            ongoing.add_metric(values, r.ongoing)
+    # A node without Serve keeps its exposition as it was.
+    yield from (f for f in (info, queued, at_replicas, replica_info, ongoing) if f.samples)
+
+
 def dropped_series(ledger: Ledger) -> dict[str, int]:
     """Series per family that the ledger's caps kept out this snapshot: its overflow,
     built into families by the same code as what is exported, and counted."""
@@ -482,6 +534,7 @@ def dropped_series(ledger: Ledger) -> dict[str, int]:
         pending=o.pending,
         ray=o.ray,
         ray_cluster=None,
+        serve=o.serve,
     )
     surplus_gpus = [
         f
@@ -496,6 +549,7 @@ def dropped_series(ledger: Ledger) -> dict[str, int]:
         *engine_families(view),
         *surplus_gpus,
         *ray_families(view),
+        *serve_families(view),
         *pending_families(view),
     ):
         if family.samples:
@@ -588,6 +642,7 @@ def snapshot_families(published: Published, now: float) -> Iterator[Metric]:
         yield from kubernetes_families(ledger)
         yield from engine_families(ledger)
         yield from ray_families(ledger)
+        yield from serve_families(ledger)
     else:
         yield from pending_families(ledger)
         yield from ray_cluster_families(ledger)

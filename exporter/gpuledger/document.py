@@ -14,6 +14,7 @@ from gpuledger.collector import Published
 from gpuledger.ledger import ContainerRef, Ledger
 from gpuledger.ledger.ray import RayWorker
 from gpuledger.ledger.rayengines import EngineRay
+from gpuledger.ledger.serve import ServeReplicaView
 from gpuledger.model.nvml import MigDevice
 
 SCHEMA = "gpuledger.io/ledger/v1"
@@ -217,6 +218,44 @@ def _ray(ledger: Ledger) -> dict[str, Any]:
     return out
 
 
+def _serve_replica(r: ServeReplicaView) -> dict[str, Any]:
+    return {
+        "namespace": r.namespace,
+        "pod": r.pod,
+        "pod_uid": r.pod_uid,
+        "workload": r.workload,
+        "replica": r.replica,
+        "state": r.state,
+        "pid": r.pid,
+        "host_pid": r.host_pid,
+        "ongoing_requests": r.ongoing,
+        "engines": [{"target": t, "model_name": m, "engine": e} for t, m, e in r.engines],
+    }
+
+
+def _serve(ledger: Ledger) -> dict[str, Any]:
+    """Serve's deployments with a router or a replica here, each with its replicas here."""
+    serve = ledger.serve
+    return {
+        "deployments": [
+            {
+                "namespace": d.namespace,
+                "workload": d.workload,
+                "application": d.application,
+                "deployment": d.deployment,
+                "status": d.status,
+                "max_ongoing_requests": d.max_ongoing_requests,
+                "target_replicas": d.target_replicas,
+                "router_queued_requests": d.router_queued,
+                "router_requests_at_replicas": d.router_at_replicas,
+                "replicas": [_serve_replica(r) for r in d.replicas],
+            }
+            for d in (serve.deployments if serve is not None else ())
+        ],
+        "unread_ray_nodes": list(serve.unknown_nodes if serve is not None else ()),
+    }
+
+
 def ledger_document(published: Published) -> dict[str, Any]:
     ledger = published.ledger
     users: dict[str, list[str]] = defaultdict(list)
@@ -290,6 +329,7 @@ def ledger_document(published: Published) -> dict[str, Any]:
             for p in ledger.pending
         ],
         "ray": _ray(ledger),
+        "serve": _serve(ledger),
         "discrepancies": [
             {"kind": d.kind, "gpu_uuid": d.gpu_uuid, **(_container(d.container) or {})}
             for d in ledger.discrepancies

@@ -2,8 +2,9 @@
 
 The sources of each mode are the lists below. Sources whose needs are met start together;
 each runs in its own thread under its own deadline, so a cycle takes at most one
-deadline per dependency level (two today), and a scrape never waits on any of it: it
-renders the last published ledger. How to add a source: docs/design.md.
+deadline per dependency level (three today: Serve reads the Ray nodes found here), and a
+scrape never waits on any of it: it renders the last published ledger. How to add a
+source: docs/design.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gpuledger.model import Key, Snapshots, SourceStatus
 from gpuledger.model.kubernetes import PODS
 from gpuledger.model.podresources import PODRESOURCES
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL
+from gpuledger.model.serve import SERVE
 from gpuledger.model.vllm import VLLM
 from gpuledger.sources.base import DISABLED, NotConfigured, Source, SourceRunner, Started
 from gpuledger.sources.kubernetes import PodInformer
@@ -29,6 +31,7 @@ from gpuledger.sources.nvml import NvmlSource
 from gpuledger.sources.podresources import PodResourcesSource
 from gpuledger.sources.procfs import ProcfsSource
 from gpuledger.sources.ray import RayClusterSource, RayLocalSource, RayStateClient
+from gpuledger.sources.serve import ServeClient, ServeSource
 from gpuledger.sources.vllm import VllmScraper, VllmSource
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,7 @@ def node_sources(config: PipelineConfig) -> list[Source[Any]]:
         if config.vllm_targets or (config.vllm_discovery and config.kubernetes)
         else NotConfigured(VLLM),
         RayLocalSource(_ray_client(config)) if config.ray_address else NotConfigured(RAY_LOCAL),
+        _serve_source(config) if config.ray_address else NotConfigured(SERVE),
     ]
 
 
@@ -119,6 +123,16 @@ def _ray_client(config: PipelineConfig) -> RayStateClient:
         token=config.ray_token,
         timeout_seconds=max(0.1, config.source_deadline_seconds * 0.8),
     )
+
+
+def _serve_source(config: PipelineConfig) -> ServeSource:
+    client = ServeClient(
+        config.ray_address or "",
+        token=config.ray_token,
+        timeout_seconds=max(0.1, config.source_deadline_seconds * 0.8),
+    )
+    # Outside Kubernetes a Ray node is no pod: its Serve rows count for --ray-workload.
+    return ServeSource(client, *config.ray_workload)
 
 
 def dependency_levels(sources: Sequence[Source[Any]]) -> list[list[Source[Any]]]:

@@ -14,7 +14,7 @@ from gpuledger.explain import explain, render_text
 from tests.conftest import pick, samples, value
 from tests.e2e.servers import Served, demo, serve_without_hardware
 
-NOT_CONFIGURED = ("podresources", "kubernetes", "vllm", "ray")
+NOT_CONFIGURED = ("podresources", "kubernetes", "vllm", "ray", "serve")
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,10 @@ MAX_RAY_NODES: Final = 16
 # OTHER_CLASS.
 MAX_RAY_ACTOR_CLASSES: Final = 64
 OTHER_CLASS: Final = "_other"
+# Ray Serve deployments with a router or a replica on this node (rows keyed by workload,
+# application and deployment), and Serve replicas on this node's Ray nodes.
+MAX_SERVE_DEPLOYMENTS: Final = 256
+MAX_SERVE_REPLICAS: Final = 1024
 # Cluster mode: unplaced GPU pods (three series each).
 MAX_PENDING_PODS: Final = 10_000
 

@@ -17,6 +17,7 @@ from gpuledger.ledger import caps
 from gpuledger.ledger.engines import Engine, build_engines, cap_engines, known_engine_ids
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.rayengines import link_ray_engines
+from gpuledger.ledger.serve import ServeLocal, build_serve
 from gpuledger.ledger.tree import ancestors
 from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
@@ -24,6 +25,7 @@ from gpuledger.model.nvml import NVML, Gpu, GpuProcess
 from gpuledger.model.podresources import PODRESOURCES, PodResourcesSnapshot
 from gpuledger.model.procfs import PROCESSES, ProcessInfo
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL, LocalRayNode
+from gpuledger.model.serve import SERVE
 from gpuledger.model.vllm import VLLM
 
 SHORT_ID = 12  # container ID length people know from `crictl ps` / `docker ps`
@@ -133,6 +135,8 @@ class Overflow:
     pending: tuple[PodInfo, ...] = ()
     # Ray nodes past the cap with their rows, and the actor rows folded into OTHER_CLASS.
     ray: RayLocal | None = None
+    # Serve deployment rows and replicas past their caps.
+    serve: ServeLocal | None = None
 
     @property
     def empty(self) -> bool:
@@ -140,7 +144,8 @@ class Overflow:
         more = (self.pods, self.engines, self.engine_gpus, self.pending)
         ray = self.ray
         ray_rows = (ray.nodes, ray.actor_gpus, ray.actor_memory, ray.workers) if ray else ()
-        return not any((*rows, *more, *ray_rows))
+        serve = (self.serve.deployments, self.serve.replicas) if self.serve is not None else ()
+        return not any((*rows, *more, *ray_rows, *serve))
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,8 @@ class Ledger:
     ray: RayLocal | None = None
     ray_cluster: RayCluster | None = None
     overflow: Overflow = field(default_factory=Overflow)
+    # Node mode: Ray Serve's deployments with a router or a replica here.
+    serve: ServeLocal | None = None
 
 
 class _Pods:
@@ -490,6 +497,12 @@ def build_ledger(
             process_table,
         )
     )
+    serve, serve_over = build_serve(
+        snapshots.get(SERVE) if node_mode else None,
+        ray_local,
+        process_table if procs is not None else None,
+        engines,
+    )
     ledger = Ledger(
         node=node,
         mode=mode,
@@ -511,13 +524,20 @@ def build_ledger(
         pods=_pod_states(pods),
         engines=engines,
         pending=tuple(sorted(pending.pods, key=lambda p: (p.namespace, p.name)) if pending else ()),
-        unknowns=_unknowns(sources),
+        unknowns=_unknowns(sources) + _serve_unknowns(serve),
         ray=ray,
         ray_cluster=ray_cluster,
+        serve=serve,
     )
     return _capped(
         ledger,
-        Overflow(gpus=gpus_over, engines=engines_over, engine_gpus=engine_gpus_over, ray=ray_over),
+        Overflow(
+            gpus=gpus_over,
+            engines=engines_over,
+            engine_gpus=engine_gpus_over,
+            ray=ray_over,
+            serve=serve_over,
+        ),
     )
 
 
@@ -604,8 +624,21 @@ _MISSING = {
     "kubernetes": "no Kubernetes API: pod names, workloads and readiness unknown",
     "podresources": "no PodResources: allocation unknown",
     "vllm": "no vLLM scrape: engine queues unknown",
-    "ray": "no Ray state API: logical GPUs, actors and placement groups unknown",
+    "ray": (
+        "no Ray state API: logical GPUs, actors, placement groups, and the Ray jobs and "
+        "workers of engines on the Ray executor unknown"
+    ),
+    "serve": "no Ray Serve: deployments, router queues and replica requests unknown",
 }
+
+
+def _serve_unknowns(serve: ServeLocal | None) -> tuple[str, ...]:
+    """Local Ray nodes whose Serve metrics were not read while the source was up."""
+    return tuple(
+        f"no Serve metrics from Ray node {node_id[:12]}: its router queues and replica "
+        "requests unknown"
+        for node_id in (serve.unknown_nodes if serve is not None else ())
+    )
 
 
 def _unknowns(sources: Sequence[SourceStatus]) -> tuple[str, ...]:
