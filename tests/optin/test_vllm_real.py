@@ -4,15 +4,17 @@ Run it with ``GPULEDGER_VLLM_BIN=/path/to/venv/bin/vllm`` (see README.md here); 
 that variable the module is skipped. CI never runs it: pyproject's pytest ``addopts``
 ignores ``tests/optin``.
 
-Two servers, one after the other, each started as its own process group and killed with
-it (no process is left behind, which the teardown asserts):
+Servers one class after the other, each started as its own process group and killed
+with it (no process is left behind, which the teardown asserts):
 
 * one engine (``TestSingleEngine``): the tiny Llama below with dummy weights, no
   tokenizer, ``--max-num-seqs 8``, an ``--api-key`` and an ``HF_TOKEN`` in its
   environment that nothing of ours may repeat, and ``CUDA_VISIBLE_DEVICES`` naming the
   second fake GPU;
 * data parallelism 2 (``TestDataParallel``): two engine cores, ``engine="0"`` and
-  ``engine="1"``, as vLLM lays them out.
+  ``engine="1"``, as vLLM lays them out;
+* two API servers at once on this host (``TestTwoEnginesOnOneHost``), each joined to its
+  own processes by the socket it listens on (docs/design.md, identity rule 6).
 
 What is checked is what docs/design.md identity rule 6 and issue 5 rely on: the process titles and
 parentage (``/proc/<pid>/cmdline`` and ``PPid``), the `/metrics` series and labels, and
@@ -327,7 +329,12 @@ def _stop(server: Server) -> list[int]:
 
 
 @contextlib.contextmanager
-def vllm_server(tmp: Path, extra_args: list[str], extra_env: Mapping[str, str]) -> Iterator[Server]:
+def vllm_server(
+    tmp: Path,
+    extra_args: list[str],
+    extra_env: Mapping[str, str],
+    max_num_seqs: int = MAX_NUM_SEQS,
+) -> Iterator[Server]:
     model_dir = tmp / "tiny-llama"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA, indent=1))
@@ -345,7 +352,7 @@ def vllm_server(tmp: Path, extra_args: list[str], extra_env: Mapping[str, str]) 
         "--max-model-len",
         "256",
         "--max-num-seqs",
-        str(MAX_NUM_SEQS),
+        str(max_num_seqs),
         *extra_args,
         "--host",
         "127.0.0.1",
@@ -420,10 +427,15 @@ def _model_runners(tree: Mapping[int, Proc], core: int) -> list[int]:
 
 
 def _run_pipeline(
-    server: Server, tmp: Path, monkeypatch: pytest.MonkeyPatch, gpu_pids: list[list[int]]
+    server: Server,
+    tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gpu_pids: list[list[int]],
+    also: tuple[Server, ...] = (),
 ) -> tuple[str, Any, list[tuple[str, dict[str, str], float]]]:
     """The real exporter pipeline: fake NVML with GPU i used by gpu_pids[i], real /proc,
-    the real engine's /metrics. Returns (exposition, published, samples)."""
+    the real engine's /metrics (and those of `also`). Returns (exposition, published,
+    samples)."""
     from gpuledger.pipeline import Pipeline, PipelineConfig
     from gpuledger.server import Exporter
     from gpuledger.sim.fake_nvml import (
@@ -464,7 +476,7 @@ def _run_pipeline(
             node="local",
             proc_root="/proc",
             nvml_library=str(build_fake_nvml()),
-            vllm_targets=(server.metrics_url,),
+            vllm_targets=(server.metrics_url, *(a.metrics_url for a in also)),
         )
     )
     exporter = Exporter(pipeline.cycle, interval_seconds=1.0)
@@ -930,3 +942,89 @@ class TestDataParallel:
             gpus = {x[1]["state"]: x[2] for x in _pick(s, "gpuledger_engine_gpus", **labels)}
             assert gpus == {"configured": 1, "in_use": 1}
         _assert_no_secrets(dp_engine, text, repr(published), _ledger_json(published))
+
+
+# ---------------------------------------------------------- two engines on one host
+
+
+TWO_MAX_NUM_SEQS = (4, 12)
+
+
+@pytest.fixture(scope="class")
+def two_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
+    """Two API servers on this host, one engine each, told apart only by their ports:
+    --max-num-seqs 4 and 12, one CPU each where there are two."""
+    bind = None if "VLLM_CPU_OMP_THREADS_BIND" in os.environ else _cpu_bind(2)
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(
+                vllm_server(
+                    tmp_path_factory.mktemp(f"vllm-two-{i}"),
+                    [],
+                    {"VLLM_CPU_OMP_THREADS_BIND": bind.split("|")[i]} if bind else {},
+                    max_num_seqs=seqs,
+                )
+            )
+            for i, seqs in enumerate(TWO_MAX_NUM_SEQS)
+        ]
+        yield servers[0], servers[1]
+
+
+class TestTwoEnginesOnOneHost:
+    def test_each_api_server_holds_its_own_listening_socket(
+        self, two_engines: tuple[Server, Server]
+    ) -> None:
+        from gpuledger.model.procfs import ListenSocket
+
+        servers = {s.pid for s in two_engines}
+        table = ProcfsSource("/proc").read(
+            [pid for s in two_engines for pid, p in s.tree().items() if p.vllm is not None]
+        )
+        assert servers <= set(table.sockets), table.sockets
+        for server in two_engines:
+            got = table.sockets[server.pid]
+            assert got.state == "read"
+            assert ListenSocket("127.0.0.1", server.port) in got.listening
+            others = {s.port for s in two_engines} - {server.port}
+            assert not {s.port for s in got.listening} & others
+        # One host, one network namespace: read once, shared.
+        assert len({table.sockets[pid].netns for pid in servers}) == 1
+
+    def test_each_engine_is_joined_to_its_own_processes(
+        self,
+        two_engines: tuple[Server, Server],
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        trees = [s.tree() for s in two_engines]
+        runners = []
+        for tree in trees:
+            core = next(pid for pid, p in tree.items() if p.vllm and p.vllm.role == "engine_core")
+            runners.append(_model_runners(tree, core))
+        # GPU i is held by engine i's model runner.
+        text, published, s = _run_pipeline(
+            two_engines[0], tmp_path, monkeypatch, runners, also=(two_engines[1],)
+        )
+        engines = {e.target: e for e in published.ledger.engines}
+        for i, (server, tree) in enumerate(zip(two_engines, trees, strict=True)):
+            target = f"127.0.0.1:{server.port}"
+            e = engines[target]
+            assert (e.process_binding, e.sockets, e.api_server_pid) == (
+                "socket",
+                "read",
+                server.pid,
+            )
+            own = sorted(pid for pid, p in tree.items() if p.vllm is not None)
+            assert e.pids == (server.pid, *own)
+            assert e.config["max_num_seqs"] == str(TWO_MAX_NUM_SEQS[i])
+            assert [g.gpu_uuid for g in e.gpus] == [_uuid(i)]
+            assert (e.gpus_configured, e.gpus_in_use) == (1, 1)
+            labels = {"model_name": MODEL, "engine": "0", "target": target}
+            seqs = _one(_pick(s, "gpuledger_engine_max_num_seqs", **labels), "max_num_seqs")
+            assert seqs[2] == TWO_MAX_NUM_SEQS[i]
+            gpu = _one(_pick(s, "gpuledger_engine_gpu_info", **labels), "engine_gpu_info")
+            assert gpu[1]["gpu_uuid"] == _uuid(i)
+        ledger = json.loads(_ledger_json(published))
+        assert sorted(e["process_binding"] for e in ledger["engines"]) == ["socket", "socket"]
+        for server in two_engines:
+            _assert_no_secrets(server, text, repr(published), _ledger_json(published))
