@@ -79,6 +79,11 @@ class Run:
         wanted = {"kubernetes"} if config.kubernetes else set()
         if config.ray_address and self.scenario.ray and self.scenario.ray.fault == "ok":
             wanted.add("ray")
+            serve = self.scenario.ray.serve
+            if config.mode == "node" and (
+                serve is None or serve.fault == serve.metrics_fault == "ok"
+            ):
+                wanted.add("serve")
         if config.mode == "node":
             wanted |= {"nvml", "procfs"}
             if config.podresources_socket and self.scenario.podresources_fault == "ok":

@@ -65,7 +65,20 @@ def skeleton() -> dict[str, Any]:
         },
         "podresources": {"allocations": [{"pod": "p"}]},
         "vllm": [{"pod": "default/p", "engines": [{}]}],
-        "ray": {"nodes": [{"name": "head"}], "actors": [{}], "placement_groups": [{}]},
+        "ray": {
+            "nodes": [{"name": "head"}],
+            "actors": [{}],
+            "placement_groups": [{}],
+            "serve": {
+                "applications": [
+                    {
+                        "deployments": [
+                            {"replicas": [{"node": "head"}], "routers": [{"node": "head"}]}
+                        ]
+                    }
+                ]
+            },
+        },
         "phases": [
             {
                 "name": "later",

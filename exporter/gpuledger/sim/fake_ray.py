@@ -46,7 +46,7 @@ import http.server
 import json
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Literal, get_args
@@ -499,6 +499,7 @@ class FakeRayDashboard:
         self._groups: list[dict[str, Any]] = []
         self._jobs: list[dict[str, Any]] = []
         self._usage_overrides: dict[str, dict[str, float]] = {}
+        self._routes: dict[str, Callable[[str], bytes | None]] = {}
         self._faults: dict[str | None, Fault] = {}
         self._release = threading.Event()
         self._server: _Server | None = None
@@ -586,6 +587,21 @@ class FakeRayDashboard:
                 self._usage_overrides.pop(node_id, None)
             else:
                 self._usage_overrides[node_id] = dict(used)
+
+    def set_route(self, prefix: str, answer: Callable[[str], bytes | None] | None) -> None:
+        """Answer the path `prefix` (or, ending in /, the paths under it) with `answer(path)`,
+        None being a 404: more of the dashboard, such as sim/fake_serve.py's Serve paths.
+        Token auth and faults apply as to every path; None removes the route."""
+        with self._lock:
+            if answer is None:
+                self._routes.pop(prefix, None)
+            else:
+                self._routes[prefix] = answer
+
+    def node_ips(self) -> dict[str, str]:
+        """Node id -> node IP of the nodes set."""
+        with self._lock:
+            return {n["node_id"]: n["node_ip"] for n in self._nodes}
 
     def set_token(self, token: str | None) -> None:
         with self._lock:
@@ -722,6 +738,11 @@ class FakeRayDashboard:
             handler.wfile.write(b'"}}')
 
     def _answer(self, path: str, query: Mapping[str, list[str]], partial: bool) -> bytes | None:
+        with self._lock:
+            routes = dict(self._routes)
+        for prefix, answer in routes.items():
+            if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
+                return answer(path)
         with self._lock:
             nodes = copy.deepcopy(self._nodes)
             actors = copy.deepcopy(self._actors)

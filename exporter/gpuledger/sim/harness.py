@@ -40,6 +40,16 @@ from gpuledger.sim.fake_ray import (
     placement_group_entry,
     ray_id,
 )
+from gpuledger.sim.fake_serve import (
+    APPLICATIONS_PATH,
+    FakeDeployment,
+    FakeRayMetrics,
+    FakeReplica,
+    FakeRouter,
+    FakeServe,
+    install,
+    serve_exposition,
+)
 from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
 from gpuledger.sim.scenario import (
     Scenario,
@@ -253,6 +263,9 @@ class SimulatedNode:
         self.engines: dict[str, FakeVllmServer] = {}
         self._socket_dir: str | None = None
         self.ray: FakeRayDashboard | None = None
+        # Ray Serve: the dashboard's Serve answers, and each Ray node's metrics endpoint.
+        self.serve: FakeServe | None = None
+        self.ray_metrics: dict[str, FakeRayMetrics] = {}
         self._pods: dict[str, SimPod] = {}
         try:
             self._start_services(scenario)
@@ -283,11 +296,31 @@ class SimulatedNode:
             self.kubeconfig = self.apiserver.kubeconfig(self.workdir / "kubeconfig")
         if scenario.ray is not None:
             self.ray = FakeRayDashboard(token=scenario.ray.token).start()
+            if scenario.ray.serve is not None or any(p.ray_serve for p in scenario.phases):
+                self._start_serve(scenario)
         if scenario.allocations is not None:
             # Unix socket paths are limited to 107 bytes: keep this one short.
             self._socket_dir = tempfile.mkdtemp(prefix="gl-", dir="/tmp")
             self.socket_path = os.path.join(self._socket_dir, "kubelet.sock")
             self.kubelet = FakeKubelet(self.socket_path).start()
+
+    def _ray_node_id(self, name: str) -> str:
+        return ray_id("node", f"{self.scenario.node}/{name}")
+
+    def _start_serve(self, scenario: Scenario) -> None:
+        """Each Ray node gets its own loopback address for its metrics export port, which
+        is also its node IP (and its pod's IP, as with KubeRay)."""
+        assert self.ray is not None and scenario.ray is not None
+        serve = self.serve = FakeServe()
+        install(self.ray, serve)
+        for i, n in enumerate(scenario.ray.nodes):
+            host = f"127.78.{i // 250}.{i % 250 + 1}"
+            node_id = self._ray_node_id(n.name)
+
+            def render(node_id: str = node_id, host: str = host) -> str:
+                return serve_exposition(node_id, host, serve.snapshot()[0])
+
+            self.ray_metrics[n.name] = FakeRayMetrics(render, host).start()
 
     def apply(self, state: Scenario) -> None:
         """Make the simulated node look like `state` (a scenario, possibly at a phase)."""
@@ -310,11 +343,13 @@ class SimulatedNode:
         assert self.ray is not None and state.ray is not None
         sim = state.ray
         pods = {p.key: p for p in state.pods or ()}
-        ids = {n.name: ray_id("node", f"{self.scenario.node}/{n.name}") for n in sim.nodes}
+        ids = {n.name: self._ray_node_id(n.name) for n in sim.nodes}
         nodes = []
         for i, n in enumerate(sim.nodes):
             pod = pods.get(n.pod) if n.pod else None
             ip = (pod.pod_ip if pod else None) or n.ip or f"10.244.{i // 250}.{i % 250 + 2}"
+            if n.name in self.ray_metrics:
+                ip = self.ray_metrics[n.name].host
             nodes.append(
                 node_entry(
                     ip,
@@ -351,6 +386,35 @@ class SimulatedNode:
         self.ray.set_actors(actors)
         self.ray.set_placement_groups(list(groups.values()))
         self.ray.set_fault(sim.fault)  # type: ignore[arg-type]
+        if self.serve is not None:
+            self._sync_serve(state)
+
+    def _sync_serve(self, state: Scenario) -> None:
+        assert self.ray is not None and self.serve is not None and state.ray is not None
+        sim = state.ray.serve
+        hosts = {name: m.host for name, m in self.ray_metrics.items()}
+        ids = {name: self._ray_node_id(name) for name in hosts}
+        self.serve.set_deployments(
+            [
+                FakeDeployment(
+                    d.application,
+                    d.name,
+                    d.max_ongoing_requests,
+                    d.status,
+                    tuple(
+                        FakeReplica(r.id, ids[r.node], hosts[r.node], r.pid, r.state, r.ongoing)
+                        for r in d.replicas
+                    ),
+                    tuple(FakeRouter(ids[r.node], r.queued, r.at_replicas) for r in d.routers),
+                )
+                for d in (sim.deployments if sim is not None else ())
+            ]
+        )
+        for name, metrics in self.ray_metrics.items():
+            self.serve.set_metrics_port(ids[name], metrics.port)
+            metrics.set_fault(sim.metrics_fault if sim is not None else "ok")
+        fault = sim.fault if sim is not None else "ok"
+        self.ray.set_fault(fault, path=APPLICATIONS_PATH)  # type: ignore[arg-type]
 
     def _sync_pods(self, state: Scenario) -> None:
         assert self.apiserver is not None
@@ -363,7 +427,7 @@ class SimulatedNode:
             if self._pods.get(key) == pod:
                 continue
             servers = [self.engines[v.key] for v in state.vllm if v.pod == key]
-            ip = servers[0].host if servers else pod.pod_ip
+            ip = servers[0].host if servers else self._ray_pod_ip(key) or pod.pod_ip
             ports = ",".join(str(s.port) for s in servers) or None
             obj = pod_object(pod, ip, ports)
             if key in self._pods:
@@ -371,6 +435,16 @@ class SimulatedNode:
             else:
                 self.apiserver.add_pod(obj)
             self._pods[key] = pod
+
+    def _ray_pod_ip(self, key: str) -> str | None:
+        """A Ray pod whose node has a simulated metrics endpoint has its address."""
+        nodes = self.scenario.ray.nodes if self.scenario.ray is not None else ()
+        hosts = [
+            self.ray_metrics[n.name].host
+            for n in nodes
+            if n.pod == key and n.name in self.ray_metrics
+        ]
+        return hosts[0] if hosts else None
 
     def _sync_allocations(self, state: Scenario) -> None:
         assert self.kubelet is not None
@@ -407,6 +481,8 @@ class SimulatedNode:
         )
 
     def close(self) -> None:
+        for metrics in self.ray_metrics.values():
+            metrics.stop()
         if self.ray is not None:
             self.ray.stop()
         for server in self.engines.values():

@@ -131,12 +131,17 @@ ENGINE_KEYS = frozenset(
         "block_size",
     }
 )
-RAY_KEYS = frozenset({"workload", "token", "fault", "nodes", "actors", "placement_groups"})
+RAY_KEYS = frozenset({"workload", "token", "fault", "nodes", "actors", "placement_groups", "serve"})
 RAY_NODE_KEYS = frozenset({"name", "pod", "ip", "gpus", "head"})
 RAY_ACTOR_KEYS = frozenset(
     {"class_name", "node", "pid", "num_gpus", "state", "placement_group", "count"}
 )
 PLACEMENT_GROUP_KEYS = frozenset({"name", "bundles", "state", "scheduling_state"})
+SERVE_KEYS = frozenset({"fault", "metrics_fault", "applications"})
+SERVE_APPLICATION_KEYS = frozenset({"name", "deployments"})
+SERVE_DEPLOYMENT_KEYS = frozenset({"name", "status", "max_ongoing_requests", "replicas", "routers"})
+SERVE_REPLICA_KEYS = frozenset({"id", "node", "pid", "state", "ongoing"})
+SERVE_ROUTER_KEYS = frozenset({"node", "queued", "at_replicas"})
 PHASE_KEYS = frozenset(
     {
         "name",
@@ -150,6 +155,7 @@ PHASE_KEYS = frozenset(
         "vllm",
         "kubernetes_fault",
         "podresources_fault",
+        "ray_serve",
     }
 )
 # A phase patches an object found by the key that names it, which it cannot change.
@@ -178,6 +184,11 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
     "ray.nodes[]": RAY_NODE_KEYS,
     "ray.actors[]": RAY_ACTOR_KEYS,
     "ray.placement_groups[]": PLACEMENT_GROUP_KEYS,
+    "ray.serve": SERVE_KEYS,
+    "ray.serve.applications[]": SERVE_APPLICATION_KEYS,
+    "ray.serve.applications[].deployments[]": SERVE_DEPLOYMENT_KEYS,
+    "ray.serve.applications[].deployments[].replicas[]": SERVE_REPLICA_KEYS,
+    "ray.serve.applications[].deployments[].routers[]": SERVE_ROUTER_KEYS,
     "phases[]": PHASE_KEYS,
     "phases[].gpus.<uuid>": GPU_PATCH_KEYS,
     "phases[].processes.<pid>": PROCESS_PATCH_KEYS,
@@ -335,6 +346,63 @@ class SimPlacementGroup:
 
 
 @dataclass(frozen=True)
+class SimServeReplica:
+    id: str
+    node: str  # a SimRayNode name
+    pid: int  # in the Ray pod's PID namespace
+    state: str
+    ongoing: float  # requests it runs now
+
+
+@dataclass(frozen=True)
+class SimServeRouter:
+    node: str  # the Ray node whose router (proxy) holds these
+    queued: float  # not assigned to a replica yet
+    at_replicas: float
+
+
+@dataclass(frozen=True)
+class SimServeDeployment:
+    application: str
+    name: str
+    status: str
+    max_ongoing_requests: int
+    replicas: tuple[SimServeReplica, ...]
+    routers: tuple[SimServeRouter, ...]
+
+
+@dataclass(frozen=True)
+class SimServe:
+    fault: str  # the dashboard's /api/serve/applications/
+    metrics_fault: str  # every Ray node's metrics endpoint
+    deployments: tuple[SimServeDeployment, ...]
+
+
+@dataclass(frozen=True)
+class SimRayWorker:
+    """A vLLM worker actor of a Ray job, one per placement group bundle."""
+
+    node: str  # a SimRayNode name
+    pid: int  # in the Ray pod's PID namespace (NSpid's last field)
+    tp: int
+    pp: int
+    state: str
+
+
+@dataclass(frozen=True)
+class SimRayJob:
+    """A vLLM engine on the Ray executor: its EngineCore is the driver of this job."""
+
+    id: str  # Ray's job id, 8 hex digits
+    driver_node: str  # a SimRayNode name
+    driver_pid: int  # the EngineCore's PID in its Ray pod's namespace
+    entrypoint: str  # the driver's title: VLLM::EngineCore[_DP<r>]
+    status: str  # RUNNING | SUCCEEDED | FAILED | STOPPED
+    executor: str  # ray (RayWorkerProc, RayExecutorV2) | legacy (RayWorkerWrapper)
+    workers: tuple[SimRayWorker, ...]
+
+
+@dataclass(frozen=True)
 class SimRay:
     workload: str | None
     token: str | None
@@ -342,6 +410,7 @@ class SimRay:
     nodes: tuple[SimRayNode, ...]
     actors: tuple[SimRayActor, ...]
     placement_groups: tuple[SimPlacementGroup, ...]
+    serve: SimServe | None = None
 
 
 @dataclass(frozen=True)
@@ -357,6 +426,8 @@ class Phase:
     vllm: Mapping[str, Mapping[str, Any]] = field(default_factory=frozen_map)
     kubernetes_fault: str | None = None
     podresources_fault: str | None = None
+    # A whole `ray.serve` that replaces the scenario's from this phase on.
+    ray_serve: SimServe | None = None
 
 
 @dataclass(frozen=True)
@@ -817,6 +888,9 @@ def _ray(doc: object, at: _Path) -> SimRay:
                 scheduling_state=gm.get("scheduling_state"),
             )
         )
+    serve = None
+    if d.get("serve") is not None:
+        serve = _serve(d.get("serve"), at / "serve", names)
     return SimRay(
         workload=d.get("workload"),
         token=d.get("token"),
@@ -824,6 +898,79 @@ def _ray(doc: object, at: _Path) -> SimRay:
         nodes=tuple(nodes),
         actors=tuple(actors),
         placement_groups=tuple(groups),
+        serve=serve,
+    )
+
+
+SERVE_FAULTS = ("ok", "refuse", "hang", "http_500", "garbage")
+
+
+def _serve(doc: object, at: _Path, nodes: set[str] | None) -> SimServe:
+    """`ray.serve`; `nodes`: the Ray node names (None in a phase: checked once parsed)."""
+    d = _mapping(doc, at)
+    _check_keys(d, SERVE_KEYS, at)
+    faults = {k: d.get(k, "ok") for k in ("fault", "metrics_fault")}
+    for key, fault in faults.items():
+        if fault not in SERVE_FAULTS:
+            raise (at / key).fail(f"one of {', '.join(SERVE_FAULTS)}", fault)
+    deployments = []
+    for i, a in enumerate(_list(d.get("applications"), at / "applications")):
+        where = at / "applications" / i
+        am = _mapping(a, where)
+        _check_keys(am, SERVE_APPLICATION_KEYS, where)
+        app = _str(am.get("name", f"app-{i}"), where / "name")
+        for j, dep in enumerate(_list(am.get("deployments"), where / "deployments")):
+            deployments.append(_serve_deployment(app, dep, where / "deployments" / j, nodes))
+    _unique([(x.application, x.name) for x in deployments], at / "applications", "deployments")
+    return SimServe(faults["fault"], faults["metrics_fault"], tuple(deployments))
+
+
+def _serve_node(value: object, at: _Path, nodes: set[str] | None) -> str:
+    if nodes is None:
+        return _str(value, at, "the name of a node under ray.nodes")
+    if value not in nodes:
+        raise at.fail("the name of a node under ray.nodes", value)
+    return str(value)
+
+
+def _serve_deployment(
+    app: str, doc: object, at: _Path, nodes: set[str] | None
+) -> SimServeDeployment:
+    d = _mapping(doc, at)
+    _check_keys(d, SERVE_DEPLOYMENT_KEYS, at)
+    replicas = []
+    for i, r in enumerate(_list(d.get("replicas"), at / "replicas")):
+        where = at / "replicas" / i
+        rm = _mapping(r, where)
+        _check_keys(rm, SERVE_REPLICA_KEYS, where)
+        replicas.append(
+            SimServeReplica(
+                id=_str(rm.get("id", f"replica{i}"), where / "id"),
+                node=_serve_node(rm.get("node"), where / "node", nodes),
+                pid=_int(rm.get("pid", 0), where / "pid"),
+                state=_str(rm.get("state", "RUNNING"), where / "state"),
+                ongoing=_number(rm.get("ongoing", 0), where / "ongoing"),
+            )
+        )
+    routers = []
+    for i, r in enumerate(_list(d.get("routers"), at / "routers")):
+        where = at / "routers" / i
+        rm = _mapping(r, where)
+        _check_keys(rm, SERVE_ROUTER_KEYS, where)
+        routers.append(
+            SimServeRouter(
+                node=_serve_node(rm.get("node"), where / "node", nodes),
+                queued=_number(rm.get("queued", 0), where / "queued"),
+                at_replicas=_number(rm.get("at_replicas", 0), where / "at_replicas"),
+            )
+        )
+    return SimServeDeployment(
+        application=app,
+        name=_str(d.get("name", "Deployment"), at / "name"),
+        status=_str(d.get("status", "HEALTHY"), at / "status"),
+        max_ongoing_requests=_int(d.get("max_ongoing_requests", 5), at / "max_ongoing_requests", 1),
+        replicas=tuple(replicas),
+        routers=tuple(routers),
     )
 
 
@@ -920,6 +1067,7 @@ def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
         vllm=frozen_map(vllm_patches),
         kubernetes_fault=_phase_fault(d, "kubernetes_fault", KUBERNETES_FAULTS, at),
         podresources_fault=_phase_fault(d, "podresources_fault", PODRESOURCES_FAULTS, at),
+        ray_serve=_serve(d["ray_serve"], at / "ray_serve", None) if d.get("ray_serve") else None,
     )
 
 
@@ -978,6 +1126,9 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
         allocations=phase.allocations if phase.allocations is not None else state.allocations,
         kubernetes_fault=phase.kubernetes_fault or state.kubernetes_fault,
         podresources_fault=phase.podresources_fault or state.podresources_fault,
+        ray=replace(state.ray, serve=phase.ray_serve)
+        if state.ray is not None and phase.ray_serve is not None
+        else state.ray,
     )
 
 
@@ -1030,6 +1181,7 @@ def parse_scenario(doc: object, source: str) -> Scenario:
             raise (at / "ray" / "nodes" / i / "pod").fail(
                 "namespace/name of a pod under kubernetes.pods", rn.pod
             )
+    _check_phase_serve(phases, ray, at)
     return Scenario(
         ray=ray,
         mode=mode,
@@ -1046,6 +1198,21 @@ def parse_scenario(doc: object, source: str) -> Scenario:
         processes=processes,
         phases=phases,
     )
+
+
+def _check_phase_serve(phases: tuple[Phase, ...], ray: SimRay | None, at: _Path) -> None:
+    """A phase's ray_serve names Ray nodes of the scenario, which must have `ray`."""
+    names = {n.name for n in ray.nodes} if ray is not None else set()
+    for i, phase in enumerate(phases):
+        if phase.ray_serve is None:
+            continue
+        where = at / "phases" / i / "ray_serve"
+        if ray is None:
+            raise where.fail("a scenario with ray", "ray_serve")
+        for d in phase.ray_serve.deployments:
+            for node in [r.node for r in d.replicas] + [r.node for r in d.routers]:
+                if node not in names:
+                    raise where.fail("Ray nodes named under ray.nodes", node)
 
 
 def _check_devices(processes: list[SimProcess], gpus: tuple[SimGpu, ...], at: _Path) -> None:
