@@ -177,9 +177,15 @@
           },
           {
             alert: 'GpuLedgerEngineParallelismMismatch',
+            // On the Ray executor the engine's GPUs are its Ray workers', on any node: the
+            // footprint rule counts them (its own node reports no `in_use` for it).
             expr: |||
               (
-                max by (%(ekey)s) (gpuledger_engine_gpus{%(sel)s, state="in_use"})
+                (
+                  max by (%(ekey)s) (gpuledger_engine_gpus{%(sel)s, state="in_use"})
+                  or
+                  node_namespace_workload_pod_engine:gpuledger_ray_worker_gpus:count
+                )
                 != on (%(ekey)s)
                 max by (%(ekey)s) (gpuledger_engine_gpus{%(sel)s, state="configured"})
               )

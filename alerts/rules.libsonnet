@@ -374,6 +374,38 @@
               )
             ||| % { pkey: pkey, sel: sel },
           },
+          // A Ray-executor engine's footprint across nodes (docs/design.md, identity rule
+          // 9): distinct GPUs its Ray workers' processes hold on every node, joined to the
+          // engine on (ray_job_id, ray_driver_node_id); only while every worker Ray lists
+          // ALIVE is reported by a node agent (an agent that is down makes it unknown).
+          {
+            record: 'node_namespace_workload_pod_engine:gpuledger_ray_worker_gpus:count',
+            expr: |||
+              max by (%(ekey)s) (
+                max by (%(ekey)s) (
+                  gpuledger_engine_ray_job_info{%(sel)s}
+                  * on (%(jkey)s) group_left ()
+                  (
+                    count by (%(jkey)s) (
+                      group by (%(jkey)s, node, gpu_uuid) (gpuledger_ray_worker_gpu_memory_used_bytes{%(sel)s})
+                    )
+                    or
+                    0 * count by (%(jkey)s) (gpuledger_ray_worker_info{%(sel)s})
+                  )
+                )
+                and on (%(ekey)s)
+                (
+                  max by (%(ekey)s) (
+                    gpuledger_engine_ray_job_info{%(sel)s}
+                    * on (%(jkey)s) group_left ()
+                    count by (%(jkey)s) (gpuledger_ray_worker_info{%(sel)s})
+                  )
+                  >= on (%(ekey)s)
+                  max by (%(ekey)s) (gpuledger_engine_ray_workers{%(sel)s, state="ALIVE"})
+                )
+              )
+            ||| % { ekey: ekey, jkey: '%s, ray_job_id, ray_driver_node_id' % cl, sel: sel },
+          },
         ],
       },
     ],

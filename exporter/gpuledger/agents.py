@@ -54,6 +54,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 from gpuledger.document import SCHEMA
+from gpuledger.explain_ray import ray_worker_ips
 from gpuledger.httpclient import HttpClient, HttpError, safe_url
 from gpuledger.identity.scheduling import workload_of
 
@@ -375,8 +376,10 @@ def read_for_query(
     **query: str | None,
 ) -> FetchResult:
     """The documents an explain query needs: the agents on its pods' nodes (all nodes for
-    a GPU or a model name) and the cluster view, with a failure for every agent that
-    could not be read and every node where none was found. Through the proxy, `access`
+    a GPU or a model name), then those of the nodes whose pods are the Ray nodes holding
+    the workers of a Ray-executor engine they name (within another deadline), and the
+    cluster view, with a failure for every agent that could not be read and every node
+    where none was found. Through the proxy, `access`
     gives the scheme only: the API server's credentials reach it, and it verifies nothing
     of the pod's certificate; basic auth cannot pass (ValueError, PROXY_REFUSES_AUTH)."""
     access = access or AgentAccess()
@@ -398,6 +401,20 @@ def read_for_query(
         access=None if proxied else access,
     )
     keys = {a.key for a in found}
+    if nodes is not None:
+        # A Ray-executor engine's workers run on other nodes: read their agents too.
+        more = ray_worker_nodes(api, result.documents.values()) - set(nodes)
+        keys |= _read_more(
+            api,
+            result,
+            more,
+            namespace=namespace,
+            via=via,
+            deadline_seconds=deadline_seconds,
+            concurrency=concurrency,
+            access=access,
+        )
+        nodes = {*nodes, *more}
     for node in sorted(set(nodes or ()) - keys):
         result.failures[node] = f"no gpuledger node agent found on this node ({AGENT_SELECTOR})"
     if CLUSTER_KEY not in keys:
@@ -406,6 +423,50 @@ def read_for_query(
             "pods not placed are unknown"
         )
     return result
+
+
+def _read_more(
+    api: ApiServer,
+    result: FetchResult,
+    nodes: Collection[str],
+    *,
+    namespace: str | None,
+    via: str,
+    deadline_seconds: float,
+    concurrency: int,
+    access: AgentAccess,
+) -> set[str]:
+    """The node agents of `nodes` read into `result` (another deadline); their keys."""
+    if not nodes:
+        return set()
+    found = find_agents(
+        api, namespace=namespace, nodes=nodes, via=via, api_url=api.url, scheme=access.scheme
+    )
+    agents = [a for a in found if a.role == "node"]
+    proxied = via == "proxy"
+    more = fetch_documents(
+        agents,
+        deadline_seconds=deadline_seconds,
+        concurrency=concurrency,
+        headers=api.headers() if proxied else None,
+        tls_context=api.tls_context if proxied else None,
+        access=None if proxied else access,
+    )
+    result.documents.update(more.documents)
+    result.failures.update(more.failures)
+    return {a.key for a in agents}
+
+
+MAX_RAY_WORKER_NODES = 64  # pod-IP lookups for one query's Ray workers
+
+
+def ray_worker_nodes(lister: PodLister, docs: Iterable[Doc]) -> set[str]:
+    """The nodes of the pods whose IPs are the Ray nodes holding the workers of the
+    documents' Ray-executor engines (a Ray node's IP is its pod's)."""
+    found: set[str] = set()
+    for ip in sorted(ray_worker_ips(list(docs)))[:MAX_RAY_WORKER_NODES]:
+        found |= _nodes(lister.list_pods(namespace=None, field_selector=f"status.podIP={ip}"))
+    return found
 
 
 # --- reading the documents ---

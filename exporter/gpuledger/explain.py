@@ -20,6 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuledger.document import SCHEMA
+from gpuledger.explain_ray import (
+    RayWorkers,
+    footprint_lines,
+    footprint_unknowns,
+    with_footprints,
+)
 from gpuledger.httpclient import HttpClient, HttpError, safe_url
 from gpuledger.verdict import STAGES, Thresholds, Verdict, ray_pending_reason, workload_verdict
 
@@ -171,6 +177,9 @@ class Fleet:
         self.processes = [
             {**p, "node": doc["node"]} for doc in docs for p in doc.get("processes", [])
         ]
+        # vLLM Ray workers of every node, for engines on the Ray executor (explain_ray.py).
+        self.ray_workers = RayWorkers(docs)
+        self.unknowns += footprint_unknowns(self.ray_workers, docs)
 
     def _ray_cluster(self, cluster: Doc) -> None:
         """The Ray cluster's workload, with the Ray work Ray cannot place as its pending
@@ -265,10 +274,13 @@ def _engine_issues(engines: Iterable[Doc]) -> list[str]:
     issues = []
     for e in engines:
         configured, in_use = e.get("gpus_configured"), e.get("gpus_in_use")
+        holders = "its processes hold"
+        if e.get("ray_footprint"):  # the Ray executor: its workers, on every node
+            in_use, holders = e["ray_footprint"]["gpus_in_use"], "its Ray workers hold"
         if e.get("up") and configured is not None and in_use is not None and configured != in_use:
             issues.append(
                 f"parallelism mismatch: {e['namespace']}/{e['pod']} engine {e['engine']} is "
-                f"configured for {configured} GPU(s) (TP x PP) but its processes hold {in_use}"
+                f"configured for {configured} GPU(s) (TP x PP) but {holders} {in_use}"
             )
     return issues
 
@@ -294,8 +306,9 @@ def _ray_issues(w: Workload) -> list[str]:
 def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]:
     verdict: Verdict = workload_verdict(w.pending, list(w.pods.values()), w.engines, t)
     pods = []
+    all_engines = with_footprints(fleet.ray_workers, w.engines)
     for uid, pod in sorted(w.pods.items(), key=lambda kv: kv[1]["name"]):
-        engines = [e for e in w.engines if e["pod_uid"] == uid]
+        engines = [e for e in all_engines if e["pod_uid"] == uid]
         procs = [p for p in fleet.processes if (p.get("container") or {}).get("pod_uid") == uid]
         containers = [
             {
@@ -324,7 +337,7 @@ def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]
             f"{d['container']} and GPU {_gpu_label(fleet, d['gpu_uuid'])}"
             for d in w.discrepancies
         ]
-        + _engine_issues(w.engines)
+        + _engine_issues(all_engines)
         + _ray_issues(w)
     )
     return {
@@ -565,6 +578,7 @@ def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
                 f"      queue: {e['requests_waiting']:g} waiting, {e['requests_running']:g} "
                 f"running, KV cache {(e['kv_cache_usage_ratio'] or 0) * 100:.0f}%"
             )
+        lines.extend(footprint_lines(e))
     for c in entry["containers"]:
         lines.append(f"    container {c['container']}  id {c['container_id'][:12] or '?'}")
         for d in c["devices"]:

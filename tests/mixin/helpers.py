@@ -49,6 +49,8 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_ray_actors_without_gpu_memory",
         "gpuledger_ray_placement_groups",
         "gpuledger_ray_pending_gpus",
+        "gpuledger_ray_worker_info",
+        "gpuledger_ray_worker_gpu_memory_used_bytes",
         # vLLM
         "gpuledger_engine_up",
         "gpuledger_engine_requests",
@@ -59,6 +61,8 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_engine_gpu_info",
         "gpuledger_engine_gpus",
         "gpuledger_engine_max_num_seqs",
+        "gpuledger_engine_ray_job_info",
+        "gpuledger_engine_ray_workers",
         # Pending and starting pods
         "gpuledger_pod_pending_placement",
         "gpuledger_pod_pending_gpus",

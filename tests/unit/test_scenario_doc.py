@@ -69,6 +69,9 @@ def skeleton() -> dict[str, Any]:
             "nodes": [{"name": "head"}],
             "actors": [{}],
             "placement_groups": [{}],
+            "jobs": [
+                {"driver": {"node": "head", "pid": 2}, "workers": [{"node": "head", "pid": 3}]}
+            ],
             "serve": {
                 "applications": [
                     {

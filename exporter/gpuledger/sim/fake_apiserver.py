@@ -4,8 +4,8 @@ Only what an informer needs, with the real wire behaviour:
 
 * `GET /api/v1/pods` (and `/api/v1/namespaces/<ns>/pods`): a `PodList` with
   `metadata.resourceVersion`; `fieldSelector` (`spec.nodeName`, `status.phase`,
-  `metadata.name`, `metadata.namespace`; `=`, `==`, `!=`; others are 400 as on a real
-  server); `limit`/`continue` paging over a consistent snapshot, `410 Expired` for a
+  `status.podIP`, `metadata.name`, `metadata.namespace`; `=`, `==`, `!=`; others are 400 as
+  on a real server); `limit`/`continue` paging over a consistent snapshot, `410 Expired` for a
   continue token older than `expire_history()`. Lists always answer the current state
   (any `resourceVersion` asked for is at most that old); `labelSelector` (`=`, `==`,
   `!=`, `key`, `!key`, `in`, `notin`).
@@ -98,6 +98,7 @@ _FIELDS = {
     "status.phase": ("status", "phase"),
     "metadata.name": ("metadata", "name"),
     "metadata.namespace": ("metadata", "namespace"),
+    "status.podIP": ("status", "podIP"),  # explain finds a Ray node's pod by its IP
 }
 _OWNER_API = {
     "ReplicaSet": "apps/v1",

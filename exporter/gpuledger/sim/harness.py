@@ -51,6 +51,7 @@ from gpuledger.sim.fake_serve import (
     serve_exposition,
 )
 from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
+from gpuledger.sim.ray_jobs import ray_job_rows
 from gpuledger.sim.scenario import (
     Scenario,
     SimGpu,
@@ -304,8 +305,14 @@ class SimulatedNode:
             self.socket_path = os.path.join(self._socket_dir, "kubelet.sock")
             self.kubelet = FakeKubelet(self.socket_path).start()
 
+    def _ray_seed(self) -> str:
+        """What Ray ids derive from: `ray.cluster`, shared by the scenarios of the node
+        agents of one Ray cluster, else this node's name."""
+        ray = self.scenario.ray
+        return (ray.cluster if ray is not None else None) or self.scenario.node
+
     def _ray_node_id(self, name: str) -> str:
-        return ray_id("node", f"{self.scenario.node}/{name}")
+        return ray_id("node", f"{self._ray_seed()}/{name}")
 
     def _start_serve(self, scenario: Scenario) -> None:
         """Each Ray node gets its own loopback address for its metrics export port, which
@@ -344,12 +351,14 @@ class SimulatedNode:
         sim = state.ray
         pods = {p.key: p for p in state.pods or ()}
         ids = {n.name: self._ray_node_id(n.name) for n in sim.nodes}
+        ips: dict[str, str] = {}
         nodes = []
         for i, n in enumerate(sim.nodes):
             pod = pods.get(n.pod) if n.pod else None
             ip = (pod.pod_ip if pod else None) or n.ip or f"10.244.{i // 250}.{i % 250 + 2}"
             if n.name in self.ray_metrics:
                 ip = self.ray_metrics[n.name].host
+            ips[n.name] = ip
             nodes.append(
                 node_entry(
                     ip,
@@ -382,9 +391,11 @@ class SimulatedNode:
             )
             for i, a in enumerate(sim.actors)
         ]
+        jobs, job_groups, workers = ray_job_rows(sim, ids, ips, self._ray_seed())
         self.ray.set_nodes(nodes)
-        self.ray.set_actors(actors)
-        self.ray.set_placement_groups(list(groups.values()))
+        self.ray.set_actors(actors + workers)
+        self.ray.set_placement_groups(list(groups.values()) + job_groups)
+        self.ray.set_jobs(jobs)
         self.ray.set_fault(sim.fault)  # type: ignore[arg-type]
         if self.serve is not None:
             self._sync_serve(state)

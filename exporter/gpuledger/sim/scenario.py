@@ -131,12 +131,27 @@ ENGINE_KEYS = frozenset(
         "block_size",
     }
 )
-RAY_KEYS = frozenset({"workload", "token", "fault", "nodes", "actors", "placement_groups", "serve"})
+RAY_KEYS = frozenset(
+    {
+        "workload",
+        "token",
+        "fault",
+        "cluster",
+        "nodes",
+        "actors",
+        "placement_groups",
+        "jobs",
+        "serve",
+    }
+)
 RAY_NODE_KEYS = frozenset({"name", "pod", "ip", "gpus", "head"})
 RAY_ACTOR_KEYS = frozenset(
     {"class_name", "node", "pid", "num_gpus", "state", "placement_group", "count"}
 )
 PLACEMENT_GROUP_KEYS = frozenset({"name", "bundles", "state", "scheduling_state"})
+RAY_JOB_KEYS = frozenset({"id", "driver", "entrypoint", "status", "executor", "workers"})
+RAY_DRIVER_KEYS = frozenset({"node", "pid"})
+RAY_WORKER_KEYS = frozenset({"node", "pid", "tp", "pp", "state"})
 SERVE_KEYS = frozenset({"fault", "metrics_fault", "applications"})
 SERVE_APPLICATION_KEYS = frozenset({"name", "deployments"})
 SERVE_DEPLOYMENT_KEYS = frozenset({"name", "status", "max_ongoing_requests", "replicas", "routers"})
@@ -184,6 +199,9 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
     "ray.nodes[]": RAY_NODE_KEYS,
     "ray.actors[]": RAY_ACTOR_KEYS,
     "ray.placement_groups[]": PLACEMENT_GROUP_KEYS,
+    "ray.jobs[]": RAY_JOB_KEYS,
+    "ray.jobs[].driver": RAY_DRIVER_KEYS,
+    "ray.jobs[].workers[]": RAY_WORKER_KEYS,
     "ray.serve": SERVE_KEYS,
     "ray.serve.applications[]": SERVE_APPLICATION_KEYS,
     "ray.serve.applications[].deployments[]": SERVE_DEPLOYMENT_KEYS,
@@ -411,6 +429,9 @@ class SimRay:
     actors: tuple[SimRayActor, ...]
     placement_groups: tuple[SimPlacementGroup, ...]
     serve: SimServe | None = None
+    # Seeds the Ray ids: node agents' scenarios naming one Ray cluster share its ids.
+    cluster: str | None = None
+    jobs: tuple[SimRayJob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -832,6 +853,56 @@ def _podresources(doc: object, at: _Path) -> tuple[tuple[SimAllocation, ...], st
 
 
 RAY_FAULTS = ("ok", "refuse", "hang", "http_500", "garbage", "result_false")
+RAY_EXECUTORS = ("ray", "legacy")
+_JOB_ID = re.compile(r"^[0-9a-f]{8}$")
+
+
+def _ray_jobs(value: object, at: _Path, names: set[str]) -> tuple[SimRayJob, ...]:
+    jobs = tuple(_ray_job(j, at / i, names, i) for i, j in enumerate(_list(value, at)))
+    _unique([j.id for j in jobs], at, "job ids")
+    return jobs
+
+
+def _ray_node_name(value: object, at: _Path, names: set[str]) -> str:
+    if value not in names:
+        raise at.fail("the name of a node under ray.nodes", value)
+    return str(value)
+
+
+def _ray_job(doc: object, at: _Path, names: set[str], position: int) -> SimRayJob:
+    d = _mapping(doc, at)
+    _check_keys(d, RAY_JOB_KEYS, at)
+    job_id = _str(d.get("id", (position + 1).to_bytes(4, "little").hex()), at / "id")
+    if not _JOB_ID.match(job_id):
+        raise (at / "id").fail("Ray's job id: 8 hex digits like 01000000", job_id)
+    driver = _mapping(d.get("driver"), at / "driver", "a mapping with node and pid")
+    _check_keys(driver, RAY_DRIVER_KEYS, at / "driver")
+    executor = d.get("executor", "ray")
+    if executor not in RAY_EXECUTORS:
+        raise (at / "executor").fail(f"one of {', '.join(RAY_EXECUTORS)}", executor)
+    workers = []
+    for i, w in enumerate(_list(d.get("workers"), at / "workers")):
+        where = at / "workers" / i
+        wm = _mapping(w, where)
+        _check_keys(wm, RAY_WORKER_KEYS, where)
+        workers.append(
+            SimRayWorker(
+                node=_ray_node_name(wm.get("node"), where / "node", names),
+                pid=_int(wm.get("pid"), where / "pid", 1),
+                tp=_int(wm.get("tp", i), where / "tp"),
+                pp=_int(wm.get("pp", 0), where / "pp"),
+                state=_str(wm.get("state", "ALIVE"), where / "state"),
+            )
+        )
+    return SimRayJob(
+        id=job_id,
+        driver_node=_ray_node_name(driver.get("node"), at / "driver" / "node", names),
+        driver_pid=_int(driver.get("pid"), at / "driver" / "pid", 1),
+        entrypoint=_str(d.get("entrypoint", "VLLM::EngineCore"), at / "entrypoint"),
+        status=_str(d.get("status", "RUNNING"), at / "status"),
+        executor=executor,
+        workers=tuple(workers),
+    )
 
 
 def _ray(doc: object, at: _Path) -> SimRay:
@@ -899,6 +970,8 @@ def _ray(doc: object, at: _Path) -> SimRay:
         actors=tuple(actors),
         placement_groups=tuple(groups),
         serve=serve,
+        cluster=None if d.get("cluster") is None else _str(d.get("cluster"), at / "cluster"),
+        jobs=_ray_jobs(d.get("jobs"), at / "jobs", names),
     )
 
 
