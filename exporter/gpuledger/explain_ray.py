@@ -43,7 +43,8 @@ def footprint(workers: RayWorkers, engine: Doc) -> dict[str, Any] | None:
     unread = [n for n in ray["worker_nodes"] if n["ray_node_id"] not in workers.ray_nodes]
     alive = int(ray["workers"].get("ALIVE", 0))
     gpus = {(w["node"], g["gpu_uuid"]) for w in found for g in w["gpus"]}
-    complete = not unread and len(found) >= alive
+    # No worker counts: Ray's side of the job was not read (the engine's node says why).
+    complete = bool(ray["workers"]) and not unread and len(found) >= alive
     return {
         **ray,
         "found": found,
@@ -73,6 +74,7 @@ def footprint_lines(engine: Doc) -> list[str]:
     # Without the API server's flags, TP x PP is the GPU bundles vLLM asked Ray for.
     source = "TP x PP" if engine["config"].get("tensor_parallel_size") else "its placement group"
     states = ", ".join(f"{n} {state}" for state, n in sorted(fp["workers"].items()))
+    states = states or "workers unknown"
     lines = [
         f"      Ray job {fp['job_id']}: driver EngineCore pid {fp['driver_pid'] or '?'} on Ray "
         f"node {fp['driver_node_id'][:12]} ({fp['driver_node_ip']}), "

@@ -274,3 +274,25 @@ def test_ray_down_leaves_the_rest(captured: Captured) -> None:
     # The workers' memory is still the host's, by NVML and procfs.
     assert value(s, "gpuledger_unattributed_gpu_memory_used_bytes", gpu_uuid=UUIDS[0]) == 20 * GIB
     assert any("Ray" in u for u in doc["unknowns"])
+
+
+def test_job_list_unreadable_says_so_and_links_nothing(captured: Captured) -> None:
+    captured.dashboard.set_fault("result_false", path="/api/v0/jobs")
+    s, doc = captured.scrape()
+    # The rest of Ray's view stands: the source is up, its actors counted.
+    assert value(s, "gpuledger_source_up", source="ray") == 1
+    assert value(s, "gpuledger_ray_actor_gpus", class_name="RayWorkerProc", state="ALIVE") == 2
+    assert not pick(s, "gpuledger_engine_ray_job_info")
+    assert not pick(s, "gpuledger_ray_worker_info")
+    (unknown,) = [u for u in doc["unknowns"] if "Ray job list" in u]
+    assert "Failed to query the data source" in unknown
+    captured.dashboard.set_fault("ok", path="/api/v0/jobs")
+    captured.dashboard.set_fault("result_false", path="/api/v0/placement_groups")
+    s, doc = captured.scrape()
+    # One engine's job unreadable: linked, but Ray's count of its workers is unknown
+    # (none rather than 0: the footprint rule then says nothing), and so is TP x PP.
+    assert value(s, "gpuledger_engine_ray_job_info", model_name="tiny") == 1
+    assert not pick(s, "gpuledger_engine_ray_workers")
+    assert not pick(s, "gpuledger_engine_gpus", model_name="tiny", state="configured")
+    assert any(u.startswith("Ray job 01000000:") for u in doc["unknowns"])
+    assert len(pick(s, "gpuledger_ray_worker_info")) == 2

@@ -16,7 +16,7 @@ from gpuledger.identity.devices import HostGpu, container_device_map, device_uui
 from gpuledger.ledger import caps
 from gpuledger.ledger.engines import Engine, build_engines, cap_engines, known_engine_ids
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
-from gpuledger.ledger.rayengines import link_ray_engines
+from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
 from gpuledger.ledger.tree import ancestors
 from gpuledger.model import Snapshots, SourceStatus
@@ -524,7 +524,7 @@ def build_ledger(
         pods=_pod_states(pods),
         engines=engines,
         pending=tuple(sorted(pending.pods, key=lambda p: (p.namespace, p.name)) if pending else ()),
-        unknowns=_unknowns(sources) + _serve_unknowns(serve),
+        unknowns=_unknowns(sources) + _serve_unknowns(serve) + ray_job_unknowns(ray_local),
         ray=ray,
         ray_cluster=ray_cluster,
         serve=serve,

@@ -138,6 +138,10 @@ def engine_ray(job: RayJob, node: LocalRayNode) -> EngineRay:
     """What Ray says of the job driven from this Ray node: its workers anywhere and the
     GPU bundles of their placement group."""
     workers = [a for a in node.driven_actors if a.job_id == job.job_id and is_worker(a)]
+    if job.job_id in node.driven_unread:  # Ray's side of this job is unknown, not empty
+        return EngineRay(
+            RayEngineId(job.job_id, node.node.node_id), job.driver_pid, node.node.node_ip, ""
+        )
     states: dict[str, int] = {"ALIVE": 0}
     for actor in workers:
         state = actor.state if actor.state in WORKER_STATES else UNKNOWN_STATE
@@ -171,3 +175,22 @@ def _worker_nodes(workers: Iterable[RayActor], nodes: Sequence[RayNode]) -> tupl
         if actor.state == "ALIVE" and actor.node_id:
             counts[actor.node_id] += 1
     return tuple(WorkerNode(n, ips.get(n, ""), c) for n, c in sorted(counts.items()))
+
+
+def ray_job_unknowns(local: Sequence[LocalRayNode] | None) -> tuple[str, ...]:
+    """What the Ray source could not read of engines' jobs while it was up: the job list
+    (then no engine is linked and no worker named), or one engine's job."""
+    if not local:
+        return ()
+    snapshot = local[0].snapshot
+    failed = [w for w in snapshot.warnings if w.startswith(("jobs:", "job "))]
+    if snapshot.jobs is None:
+        return (
+            "no Ray job list: which engines run on the Ray executor, and their workers, "
+            f"unknown ({'; '.join(failed) or 'not read'})",
+        )
+    return tuple(
+        f"Ray {w}: that engine's workers and placement group unknown"
+        for w in failed
+        if w.startswith("job ")
+    )

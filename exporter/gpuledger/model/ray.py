@@ -130,6 +130,8 @@ class LocalRayNode:
     # on every node, and their placement groups (what their engines were given).
     driven_actors: tuple[RayActor, ...] = ()
     driven_groups: tuple[RayPlacementGroup, ...] = ()
+    # Those of them whose actors or placement group could not be read.
+    driven_unread: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

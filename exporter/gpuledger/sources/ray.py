@@ -29,6 +29,7 @@ import math
 import re
 import socket
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -447,6 +448,16 @@ def _base_url(address: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
+@dataclass
+class Driven:
+    """What fetch_driven read: the jobs' actors and groups, warnings, the jobs not read."""
+
+    actors: list[RayActor] = field(default_factory=list)
+    groups: list[RayPlacementGroup] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
+
+
 class RayStateClient:
     """Reads Ray's state API. Every failure is a SourceError; nothing else escapes.
 
@@ -528,17 +539,16 @@ class RayStateClient:
             nodes=nodes, actors=tuple(actors), warnings=all_warnings[:MAX_WARNINGS], jobs=jobs
         )
 
-    def fetch_driven(
-        self, job_ids: Sequence[str]
-    ) -> tuple[tuple[RayActor, ...], tuple[RayPlacementGroup, ...], tuple[str, ...]]:
+    def fetch_driven(self, job_ids: Sequence[str]) -> Driven:
         """Node mode: the live actors (on every node) and placement groups of these jobs,
         the vLLM engines whose EngineCore drives them from here; at most MAX_DRIVEN_JOBS.
-        A failed read is a warning: the rest of the Ray view stands."""
-        actors: list[RayActor] = []
-        groups: list[RayPlacementGroup] = []
-        warnings: list[str] = []
+        A failed read is a warning and an unread job: the rest of the Ray view stands."""
+        driven = Driven()
         if len(job_ids) > MAX_DRIVEN_JOBS:
-            warnings.append(f"jobs: {len(job_ids)} vLLM jobs driven here, read {MAX_DRIVEN_JOBS}")
+            driven.warnings.append(
+                f"jobs: {len(job_ids)} vLLM jobs driven here, read {MAX_DRIVEN_JOBS}"
+            )
+            driven.unread.extend(job_ids[MAX_DRIVEN_JOBS:])
         for job_id in job_ids[:MAX_DRIVEN_JOBS]:
             try:
                 found, more = self._actors([("job_id", "=", job_id), ("state", "!=", "DEAD")])
@@ -548,12 +558,13 @@ class RayStateClient:
             except SourceError as exc:
                 if exc.reason == "unauthorized":
                     raise
-                warnings.append(f"job {job_id}: {exc.message}")
+                driven.warnings.append(f"job {job_id}: {exc.message}")
+                driven.unread.append(job_id)
                 continue
-            actors.extend(found)
-            groups.extend(made)
-            warnings.extend((*more, *most))
-        return tuple(actors), tuple(groups), tuple(warnings)
+            driven.actors.extend(found)
+            driven.groups.extend(made)
+            driven.warnings.extend((*more, *most))
+        return driven
 
     def fetch_cluster(
         self, node_id: str | None = None, placement_groups: bool = True
@@ -786,8 +797,8 @@ class RayLocalSource(Source[tuple[LocalRayNode, ...]]):
         for actor in snapshot.actors:
             actors_by_node.setdefault(actor.node_id, []).append(actor)
         driven = driven_jobs(snapshot, [node.node_id for node, _ in chosen])
-        actors, groups, warnings = self.client.fetch_driven(sorted(driven))
-        warnings = (*snapshot.warnings, *warnings)[:MAX_WARNINGS]
+        read = self.client.fetch_driven(sorted(driven))
+        warnings = (*snapshot.warnings, *read.warnings)[:MAX_WARNINGS]
 
         def here(job_id: str | None, node_id: str) -> bool:
             return driven.get(job_id or "") == node_id
@@ -802,8 +813,9 @@ class RayLocalSource(Source[tuple[LocalRayNode, ...]]):
                 ),
                 by_id.get(node.node_id, node),
                 pod,
-                driven_actors=tuple(a for a in actors if here(a.job_id, node.node_id)),
-                driven_groups=tuple(g for g in groups if here(g.creator_job_id, node.node_id)),
+                driven_actors=tuple(a for a in read.actors if here(a.job_id, node.node_id)),
+                driven_groups=tuple(g for g in read.groups if here(g.creator_job_id, node.node_id)),
+                driven_unread=tuple(j for j in read.unread if here(j, node.node_id)),
             )
             for node, pod in chosen
         )
