@@ -103,6 +103,9 @@ local stages = import 'exporter/gpuledger/stages.json';
     engineMaxNumSeqsFor: '10m',
     // Some engines of a workload queue while a sibling has headroom.
     routingImbalanceFor: '10m',
+    // A Ray Serve router holds requests for a deployment while no engine of the workload
+    // queues (stage routing, reason serve_router_queue).
+    serveRouterQueueingFor: '10m',
     // Engine up, its processes hold a GPU count other than tensor x pipeline parallel.
     engineParallelismMismatchFor: '15m',
     // GPU allocated to a container that no process of it uses (after startup).

@@ -4,7 +4,8 @@
 //   placement  Kubernetes or Ray cannot place the workload's GPU work
 //   startup    placed, but the engine does not serve yet
 //   engine     engines up and queueing: KV cache or max_num_seqs bound
-//   routing    some engines queue while siblings have headroom
+//   routing    some engines queue while siblings have headroom, or a Ray Serve router holds
+//              requests while no engine queues
 //   ledger     allocation and physical use of GPUs disagree
 //   exporter   gpuledger itself is blind
 //
@@ -219,6 +220,20 @@
               description: '{{ $value }} engine(s) of workload ' + workloadText + ' have had requests waiting for %s while ' % c.routingImbalanceFor
                            + '{{ with printf `namespace_workload:gpuledger_engine_headroom:sum{' + cl + '=%q,namespace=%q,workload=%q}` $labels.' + cl + ' $labels.namespace $labels.workload | query }}{{ . | first | value }}{{ else }}some{{ end }}'
                            + ' sibling engine(s) have headroom: requests are not spread over the replicas.',
+            },
+          },
+          {
+            alert: 'GpuLedgerServeRouterQueueing',
+            expr: |||
+              namespace_workload_application_deployment:gpuledger_serve_router_queued_requests:sum >= %(min)g
+              and on (%(wkey)s)
+              (namespace_workload_stage_reason:gpuledger_stage_reason_code:group{stage="routing", reason="serve_router_queue"} == 1)
+            ||| % { wkey: wkey, min: c.queueingMinWaitingRequests },
+            'for': c.serveRouterQueueingFor,
+            labels: { severity: 'warning', layer: stageOf('routing').layer },
+            annotations: {
+              summary: 'Requests wait in a Ray Serve router while no engine of the workload queues.',
+              description: '{{ $value }} request(s) for Ray Serve deployment {{ $labels.application }}/{{ $labels.deployment }} of workload ' + workloadText + ' have been waiting at its router for %s, not assigned to a replica, while no engine of the workload queues: the replicas are at max_ongoing_requests or the router cannot reach them.' % c.serveRouterQueueingFor,
             },
           },
         ],

@@ -39,6 +39,7 @@ local renamed = [
 ];
 // Recording rules added since the rename: they never had an old name.
 local added = [
+  'namespace_workload_application_deployment:gpuledger_serve_router_queued_requests:sum',
   'node_namespace_workload_pod_engine:gpuledger_ray_worker_gpus:count',
 ];
 

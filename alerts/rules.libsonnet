@@ -1,7 +1,8 @@
 // Recording rules, named `level:metric:operations` as in the kubernetes-mixin:
 //   level       the labels the result keeps, `cluster` left implicit: namespace_workload
-//               (+ _reason, _kind, _scheduling_state, _stage, _stage_reason for the extra
-//               label), node_namespace_workload_pod_engine (an engine; pod_uid and
+//               (+ _reason, _kind, _scheduling_state, _stage, _stage_reason,
+//               _application_deployment for the extra labels),
+//               node_namespace_workload_pod_engine (an engine; pod_uid and
 //               model_name ride along), node_namespace_pod (a pod; pod_uid rides along);
 //   metric      the gpuledger_* metric aggregated, with the value of a fixed selector
 //               appended (`gpuledger_engine_requests{state="waiting"}` ->
@@ -37,6 +38,9 @@
     'gpuledger_ray_actor_gpus{%s, workload!=""}' % sel,
     'gpuledger_ray_pending_gpus{%s, workload!="", namespace!=""}' % sel,
     'gpuledger_ray_placement_groups{%s, workload!="", namespace!=""}' % sel,
+    // Ray Serve deployments with a router or a replica on a node (outside Kubernetes the
+    // exporter names them by --ray-workload).
+    'gpuledger_serve_deployment_info{%s, workload!=""}' % sel,
   ],
   // Cluster-mode Ray series that may not know the namespace of their RayCluster.
   local namespacelessWorkloadSeries = [
@@ -98,7 +102,15 @@
       ['pod_not_ready', 'namespace_workload:gpuledger_pod_starting:sum > 0', wkey],
       ['engine_not_up', 'namespace_workload:gpuledger_engine_up:sum < namespace_workload:gpuledger_engine_up:count', wkey],
     ],
-    routing: [['imbalance', 'namespace_workload:gpuledger_routing_imbalance:sum > 0', wkey]],
+    routing: [
+      // Requests held by a Ray Serve router while no engine of the workload queues.
+      ['serve_router_queue', |||
+        max by (%(wkey)s) (namespace_workload_application_deployment:gpuledger_serve_router_queued_requests:sum >= %(min)g)
+        unless on (%(wkey)s)
+        (namespace_workload:gpuledger_engine_queueing:sum > 0)
+      ||| % { wkey: wkey, min: c.queueingMinWaitingRequests }, wkey],
+      ['imbalance', 'namespace_workload:gpuledger_routing_imbalance:sum > 0', wkey],
+    ],
     engine_queueing: [
       [r, 'max by (%s) (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max) == %d' % [wkey, rank('engine_queueing', r)], wkey]
       for r in stageOf('engine_queueing').reasons
@@ -290,6 +302,14 @@
             ]), 2)],
           },
           // ------------------------------------------------------------ routing
+          // Requests Ray Serve's routers (proxies, deployment handles) hold for a
+          // deployment, not assigned to a replica yet, summed over the nodes.
+          {
+            record: 'namespace_workload_application_deployment:gpuledger_serve_router_queued_requests:sum',
+            expr: |||
+              sum by (%(wkey)s, application, deployment) (gpuledger_serve_router_queued_requests{%(sel)s})
+            ||| % { wkey: wkey, sel: sel },
+          },
           // Engines that queue while a sibling engine of the same workload has headroom;
           // 0 when the workload's engines are balanced (all queue, or none does).
           {

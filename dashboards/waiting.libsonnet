@@ -207,6 +207,27 @@ local g = import 'lib.libsonnet';
             ),
           ],
         },
+        {
+          title: 'Routing: Ray Serve',
+          height: 8,
+          panels: [
+            g.timeseries(
+              'Serve: queued at the router vs running in replicas',
+              'Requests a Ray Serve router (HTTP proxy, deployment handle) holds for a deployment, not assigned to a replica yet, and the requests its replicas run. A router queue while no engine of the workload queues is stage routing, reason serve_router_queue.',
+              'short',
+              [
+                g.target('sum by (namespace, workload, application, deployment) (namespace_workload_application_deployment:gpuledger_serve_router_queued_requests:sum%s)' % W, 'router {{namespace}}/{{workload}} {{application}}/{{deployment}}'),
+                g.target('sum by (namespace, workload, application, deployment) (gpuledger_serve_replica_ongoing_requests%s)' % R(), 'replicas {{namespace}}/{{workload}} {{application}}/{{deployment}}'),
+              ],
+            ),
+            g.timeseries(
+              'Serve: requests per replica',
+              "Requests each Ray Serve replica runs now. Replicas at their deployment's max_ongoing_requests leave the rest at the router; idle replicas under a router queue are not reached.",
+              'short',
+              [g.target('sum by (namespace, pod, application, deployment, replica) (gpuledger_serve_replica_ongoing_requests%s)' % R(), '{{application}}/{{deployment}} {{replica}} ({{namespace}}/{{pod}})')],
+            ),
+          ],
+        },
       ],
     ),
   },

@@ -132,4 +132,22 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
     [t.gauge('gpuledger_ray_placement_groups', rayKey(workload, namespace) { state: 'PENDING', scheduling_state: schedulingState }, count)],
   rayPendingGpus(workload, kind, gpus, namespace=null)::
     [t.gauge('gpuledger_ray_pending_gpus', rayKey(workload, namespace) { kind: kind }, gpus)],
+
+  // A Ray Serve deployment on the node: what its router (the node's proxy) holds, and its
+  // replicas as [pod, replica id, requests it runs].
+  serveDeployment(application, deployment, queued, atReplicas=0, replicas=[], namespace='ray', workload='ray-llm', maxOngoing=5)::
+    local key = nodeExporter { namespace: namespace, workload: workload, application: application, deployment: deployment };
+    [
+      t.gauge('gpuledger_serve_deployment_info', key { status: 'HEALTHY', max_ongoing_requests: std.toString(maxOngoing) }, 1),
+      t.gauge('gpuledger_serve_router_queued_requests', key, queued),
+      t.gauge('gpuledger_serve_router_requests_at_replicas', key, atReplicas),
+    ]
+    + std.flattenArrays([
+      local replica = nodeExporter { namespace: namespace, pod: r[0], pod_uid: 'uid-' + r[0], workload: workload, application: application, deployment: deployment, replica: r[1] };
+      [
+        t.gauge('gpuledger_serve_replica_info', replica { state: 'RUNNING' }, 1),
+        t.gauge('gpuledger_serve_replica_ongoing_requests', replica, r[2]),
+      ]
+      for r in replicas
+    ]),
 }

@@ -94,6 +94,8 @@ class Workload:
     discrepancies: list[dict[str, Any]] = field(default_factory=list)
     ray_nodes: list[Doc] = field(default_factory=list)
     ray_actors: list[Doc] = field(default_factory=list)
+    # Ray Serve deployment rows of every node (a node has the routers and replicas it runs).
+    serve: list[Doc] = field(default_factory=list)
 
 
 def mig_view(mig: Doc, gpu: Doc) -> dict[str, Any]:
@@ -168,6 +170,11 @@ class Fleet:
                     self._workload(a["namespace"], a["workload"]).ray_actors.append(a)
             if ray.get("cluster"):
                 clusters.append(ray["cluster"])
+            for d in (doc.get("serve") or {}).get("deployments", []):
+                if d.get("workload"):
+                    self._workload(d["namespace"], d["workload"]).serve.append(
+                        {**d, "node": doc["node"]}
+                    )
         # After every document: a namespace-less Ray cluster joins the workloads of its name.
         for cluster in clusters:
             self._ray_cluster(cluster)
@@ -304,7 +311,7 @@ def _ray_issues(w: Workload) -> list[str]:
 
 
 def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]:
-    verdict: Verdict = workload_verdict(w.pending, list(w.pods.values()), w.engines, t)
+    verdict: Verdict = workload_verdict(w.pending, list(w.pods.values()), w.engines, t, w.serve)
     pods = []
     all_engines = with_footprints(fleet.ray_workers, w.engines)
     for uid, pod in sorted(w.pods.items(), key=lambda kv: kv[1]["name"]):
@@ -345,6 +352,7 @@ def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]
         "workload": w.name,
         "pods": pods,
         "pending": list(w.pending),
+        "serve": list(w.serve),
         "verdict": verdict.to_json(),
         "discrepancies": issues,
     }
@@ -487,7 +495,9 @@ def verdicts(docs: Sequence[Doc], t: Thresholds | None = None) -> dict[tuple[str
     `explain` prints for each and what the /ledger page shows."""
     fleet = Fleet(docs)
     return {
-        key: workload_verdict(w.pending, list(w.pods.values()), w.engines, t or Thresholds())
+        key: workload_verdict(
+            w.pending, list(w.pods.values()), w.engines, t or Thresholds(), w.serve
+        )
         for key, w in sorted(fleet.workloads.items())
     }
 
@@ -537,6 +547,7 @@ def render_text(result: Mapping[str, Any]) -> str:
             # A difference is noted where it occurs; the general note once per output.
             if note is not None and (note[1] or ORDINAL_NOTE not in lines):
                 lines.append(note[0])
+        lines.extend(_serve_lines(w.get("serve", [])))
         v = w["verdict"]
         reason = f" — {v['reason']}" if v["reason"] else ""
         lines.append(f"  verdict: {STAGE_TEXT.get(v['stage'], v['stage'])}{reason}")
@@ -553,6 +564,32 @@ def render_text(result: Mapping[str, Any]) -> str:
     for node, sources in (result.get("not_configured") or {}).items():
         lines.append(f"not configured on {node} (not a failure): {', '.join(sources)}")
     return "\n".join(printable(line) for line in lines) + "\n"
+
+
+def _count(value: Any) -> str:
+    return "?" if value is None else f"{float(value):g}"
+
+
+def _serve_lines(deployments: Iterable[Mapping[str, Any]]) -> list[str]:
+    """`serve app/dep on node N  HEALTHY  router: 30 queued, 10 at replicas ...` and one
+    line per replica there."""
+    lines = []
+    for d in deployments:
+        lines.append(
+            f"  serve {d['application']}/{d['deployment']} on {d['node']}  {d['status']}  "
+            f"router: {_count(d['router_queued_requests'])} queued, "
+            f"{_count(d['router_requests_at_replicas'])} at replicas  "
+            f"max_ongoing_requests {d['max_ongoing_requests'] or '?'}"
+        )
+        for r in d["replicas"]:
+            engines = ", ".join(f"{e['model_name'] or '?'} DP {e['engine']}" for e in r["engines"])
+            lines.append(
+                f"    replica {r['replica']}  {r['state']}  pod {r['namespace']}/{r['pod'] or '-'}"
+                f"  pid {r['pid'] or '?'} (host {r['host_pid'] or '?'})  "
+                f"{_count(r['ongoing_requests'])} ongoing"
+                + (f"  engine {engines}" if engines else "")
+            )
+    return lines
 
 
 def _pod_lines(entry: Mapping[str, Any]) -> list[str]:

@@ -226,12 +226,55 @@ def ray_pending_reason(placement_groups: Iterable[Doc]) -> str:
     return "ray_infeasible" if infeasible else "ray_no_resources"
 
 
+def serve_router_queues(deployments: Iterable[Doc]) -> dict[tuple[str, str], float]:
+    """Requests held by Ray Serve's routers per (application, deployment), summed over the
+    nodes' documents (namespace_workload_application_deployment:
+    gpuledger_serve_router_queued_requests:sum); only where a router reported."""
+    queued: dict[tuple[str, str], float] = {}
+    for d in deployments:
+        if d.get("router_queued_requests") is not None:
+            key = (str(d["application"]), str(d["deployment"]))
+            queued[key] = queued.get(key, 0.0) + float(d["router_queued_requests"])
+    return queued
+
+
+MAX_SHOWN = 16  # replicas named in one line of evidence
+
+
+def _count(value: Any) -> str:
+    return "?" if value is None else f"{float(value):g}"
+
+
+def _serve_evidence(deployments: Sequence[Doc], app: str, dep: str, queued: float) -> str:
+    """`Serve deployment app/dep: 30 queued at the router, 10 at replicas; replicas (ongoing
+    of max_ongoing_requests 5): a 5, b 5; no engine of the workload queues`."""
+    rows = [d for d in deployments if (d["application"], d["deployment"]) == (app, dep)]
+    assigned = [
+        float(d["router_requests_at_replicas"])
+        for d in rows
+        if d.get("router_requests_at_replicas") is not None
+    ]
+    limit = next((d["max_ongoing_requests"] for d in rows if d.get("max_ongoing_requests")), "?")
+    replicas = [r for d in rows for r in d.get("replicas", [])]
+    text = f"Serve deployment {app}/{dep}: {queued:g} request(s) queued at the router"
+    if assigned:
+        text += f", {sum(assigned):g} at replicas"
+    if replicas:
+        shown = ", ".join(
+            f"{r['replica']} {_count(r.get('ongoing_requests'))}" for r in replicas[:MAX_SHOWN]
+        )
+        more = f" and {len(replicas) - MAX_SHOWN} more" if len(replicas) > MAX_SHOWN else ""
+        text += f"; replicas (ongoing of max_ongoing_requests {limit}): {shown}{more}"
+    return text + "; no engine of the workload queues"
+
+
 @dataclass(frozen=True)
 class _Facts:
     pending: Sequence[Doc]
     pods: Sequence[Doc]
     engines: Sequence[Doc]
     t: Thresholds
+    serve: Sequence[Doc] = ()
     up: list[Doc] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -272,17 +315,43 @@ def _starting(f: _Facts) -> Verdict | None:
     return Verdict("starting", strongest("starting", reasons), tuple(evidence))
 
 
-def _routing(f: _Facts) -> Verdict | None:
+def _router_queue(f: _Facts) -> tuple[str, ...]:
+    """serve_router_queue: a Serve router holds at least queueingMinWaitingRequests requests
+    for a deployment of the workload while none of its engines queues: they wait in the
+    routing layer, not in an engine."""
+    if any(queueing(e, f.t) for e in f.up):
+        return ()
+    held = {k: n for k, n in serve_router_queues(f.serve).items() if n >= f.t.queueing_min_waiting}
+    return tuple(_serve_evidence(f.serve, app, dep, n) for (app, dep), n in sorted(held.items()))
+
+
+def _imbalance(f: _Facts) -> tuple[str, ...]:
+    """imbalance: an engine queues while a sibling engine has headroom."""
     queued = [e for e in f.up if queueing(e, f.t)]
     siblings = [e for e in f.up if has_headroom(e, f.t)]
     if not queued or not siblings:
-        return None
-    evidence = [engine_queue_reason(e, f.t)[1] for e in queued] + [
+        return ()
+    return tuple(engine_queue_reason(e, f.t)[1] for e in queued) + tuple(
         f"{_name(e)}: {_waiting(e):g} waiting, {_running(e):g} running, "
         f"KV cache {_pct(_kv(e))}: has headroom"
         for e in siblings
-    ]
-    return Verdict("routing", strongest("routing", ["imbalance"]), tuple(evidence))
+    )
+
+
+# The conditions of the routing stage's reasons (their order is in stages.json), each
+# giving its evidence, or nothing where it does not hold.
+ROUTING_REASONS: dict[str, Callable[[_Facts], tuple[str, ...]]] = {
+    "serve_router_queue": _router_queue,
+    "imbalance": _imbalance,
+}
+
+
+def _routing(f: _Facts) -> Verdict | None:
+    found = {r: ev for r, check in ROUTING_REASONS.items() if (ev := check(f))}
+    if not found:
+        return None
+    reason = strongest("routing", found)
+    return Verdict("routing", reason, found[reason])
 
 
 def _engine_queueing(f: _Facts) -> Verdict | None:
@@ -331,8 +400,10 @@ def workload_verdict(
     pods: Sequence[Doc],
     engines: Sequence[Doc],
     t: Thresholds | None = None,
+    serve: Sequence[Doc] = (),
 ) -> Verdict:
-    facts = _Facts(pending, pods, engines, t or Thresholds())
+    """`serve`: the workload's Ray Serve deployment rows of every node's document."""
+    facts = _Facts(pending, pods, engines, t or Thresholds(), serve)
     for stage in STAGES:
         verdict = STAGE_CONDITIONS[stage.stage](facts)
         if verdict is not None:

@@ -72,6 +72,8 @@ f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'], 
 ]
 + f.rayPlacementGroups('ray-llm', 'NO_RESOURCES', 1, namespace='ray')
 + f.rayPendingGpus('ray-llm', 'actor', 1, namespace='ray')
+// Ray Serve: 30 requests wait at the router of `serve-llm` while its replicas idle.
++ f.serveDeployment('llm', 'LLMServer', 30, atReplicas=2, replicas=[['serve-llm-worker-a', 'q3xk7a1m', 1], ['serve-llm-worker-b', 'v9d2m5pz', 1]], workload='serve-llm')
 // Self-monitoring.
 + f.sources()
 + [

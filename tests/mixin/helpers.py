@@ -51,6 +51,12 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_ray_pending_gpus",
         "gpuledger_ray_worker_info",
         "gpuledger_ray_worker_gpu_memory_used_bytes",
+        # Ray Serve
+        "gpuledger_serve_deployment_info",
+        "gpuledger_serve_router_queued_requests",
+        "gpuledger_serve_router_requests_at_replicas",
+        "gpuledger_serve_replica_info",
+        "gpuledger_serve_replica_ongoing_requests",
         # vLLM
         "gpuledger_engine_up",
         "gpuledger_engine_requests",

@@ -60,6 +60,7 @@ _LEVELS = (
     "namespace_workload_scheduling_state",
     "namespace_workload_stage",
     "namespace_workload_stage_reason",
+    "namespace_workload_application_deployment",
     "node_namespace_workload_pod_engine",
     "node_namespace_pod",
 )
