@@ -5,7 +5,8 @@ alone is not one: it restarts on every byte, so a peer trickling its headers a b
 second would hold a read forever. Here each socket operation waits at most the time
 left, and a watchdog thread shuts the socket down when the deadline passes, which wakes
 any read in progress. Bodies are read in chunks up to a byte cap (decompressed size for
-gzip), so an oversized answer is refused without being held in memory.
+gzip), so an oversized answer is refused without being held in memory; a caller that can
+read a body piece by piece gets the pieces as they arrive instead (`get(consume=...)`).
 
 Failures raise HttpError with a reason from REASONS (or `http_<status>` from callers);
 messages carry the safe URL and never a body, a header value or a query string.
@@ -22,7 +23,7 @@ import ssl
 import threading
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
@@ -152,11 +153,22 @@ class HttpClient:
         self.tls_context = tls_context or ssl.create_default_context()
         self.max_redirects = max_redirects
 
-    def get(self, url: str, headers: Mapping[str, str] | None = None) -> Response:
-        """The final answer (any status but a redirect), its body complete and capped."""
+    def get(
+        self,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        consume: Callable[[bytes], bool] | None = None,
+    ) -> Response:
+        """The final answer (any status but a redirect), its body complete and capped.
+
+        With `consume`, the body is not kept: each piece (inflated) goes to `consume` as it
+        arrives, under the same deadline and cap, and reading stops when it returns False.
+        The answer's `body` is then empty. `consume` must not raise: it keeps its own
+        verdict (an exception here would read as a transport failure).
+        """
         deadline = time.monotonic() + self.deadline_seconds
         for _ in range(self.max_redirects + 1):
-            response, location = self._once(url, headers or {}, deadline)
+            response, location = self._once(url, headers or {}, deadline, consume)
             if location is None or self.max_redirects == 0:
                 return response
             url = location
@@ -165,29 +177,36 @@ class HttpClient:
         )
 
     def _once(
-        self, url: str, headers: Mapping[str, str], deadline: float
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        deadline: float,
+        consume: Callable[[bytes], bool] | None,
     ) -> tuple[Response, str | None]:
         conn, target = self._connection(url, deadline)
         token = _WATCHDOG.arm(deadline, conn)
+        # The failure is raised after the except clauses: raised inside one, it would
+        # carry the caught exception as its context, and with it the frames holding the
+        # body read so far, for as long as anything keeps the failure.
         try:
             conn.request("GET", target, headers={**self.headers, **headers})
             raw = conn.getresponse()
             if raw.status in _REDIRECTS and raw.getheader("Location"):
                 return Response(raw.status, {}, b""), urljoin(url, raw.getheader("Location", ""))
-            body = self._body(raw, deadline)
+            body = self._body(raw, deadline, consume)
             names = {k.lower(): v for k, v in raw.getheaders() if k.lower() == "content-type"}
             return Response(raw.status, names, body), None
         except HttpError as exc:
-            if time.monotonic() >= deadline and exc.reason != "too_large":
-                # The watchdog's shutdown reads as an early EOF: it was the deadline.
-                exc = HttpError("timeout", self._describe("timeout"))
-            raise HttpError(exc.reason, f"{safe_url(url)}: {exc.message}") from None
+            reason, message = exc.reason, exc.message
         except Exception as exc:
-            reason = "timeout" if time.monotonic() >= deadline else _classify(exc)
-            raise HttpError(reason, f"{safe_url(url)}: {self._describe(reason)}") from None
+            reason, message = _classify(exc), ""
         finally:
             _WATCHDOG.disarm(token)
             conn.close()
+        if time.monotonic() >= deadline and reason != "too_large":
+            # The watchdog's shutdown reads as an early EOF or a reset: it was the deadline.
+            reason, message = "timeout", ""
+        raise HttpError(reason, f"{safe_url(url)}: {message or self._describe(reason)}")
 
     def _connection(self, url: str, deadline: float) -> tuple[http.client.HTTPConnection, str]:
         try:
@@ -206,7 +225,12 @@ class HttpClient:
             )
         return http.client.HTTPConnection(host, port, timeout=timeout), target
 
-    def _body(self, raw: http.client.HTTPResponse, deadline: float) -> bytes:
+    def _body(
+        self,
+        raw: http.client.HTTPResponse,
+        deadline: float,
+        consume: Callable[[bytes], bool] | None,
+    ) -> bytes:
         declared = raw.getheader("Content-Length", "")
         encoding = (raw.getheader("Content-Encoding") or "identity").strip().lower()
         if encoding not in ("identity", "gzip"):
@@ -215,6 +239,7 @@ class HttpClient:
             raise self._too_large()
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
         chunks: list[bytes] = []
+        take = consume or _keep(chunks)
         size = 0
         while True:
             if time.monotonic() >= deadline:
@@ -222,15 +247,14 @@ class HttpClient:
             chunk = raw.read1(CHUNK) if hasattr(raw, "read1") else raw.read(CHUNK)
             if not chunk:
                 break
-            if inflate is not None:
-                # Never inflate more than the cap allows: a small gzip can expand 1000x.
-                chunk = inflate.decompress(chunk, self.max_body_bytes - size + 1)
-                if inflate.unconsumed_tail:
+            # Inflated a CHUNK at a time: a small gzip can expand 1000x, and the cap is
+            # checked before any more of it is made.
+            for piece in _inflated(inflate, chunk) if inflate is not None else (chunk,):
+                size += len(piece)
+                if size > self.max_body_bytes:
                     raise self._too_large()
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise self._too_large()
-            chunks.append(chunk)
+                if not take(piece):
+                    return b""  # the reader has what it needs: the rest is never read
         # read1 ends quietly at EOF: a declared length not reached is a cut-off body.
         if raw.length or (inflate is not None and not inflate.eof):
             raise HttpError("truncated", "connection closed before the whole body arrived")
@@ -252,6 +276,25 @@ _MESSAGES = {
     "truncated": "connection closed before the whole body arrived",
     "garbage": "not an HTTP answer, or a body that does not decode",
 }
+
+
+def _inflated(inflate: zlib._Decompress, data: bytes) -> Iterator[bytes]:
+    """What `data` inflates to, in pieces of at most CHUNK bytes."""
+    while True:
+        piece = inflate.decompress(data, CHUNK)
+        data = inflate.unconsumed_tail
+        if piece:
+            yield piece
+        if not data or not piece:
+            return
+
+
+def _keep(chunks: list[bytes]) -> Callable[[bytes], bool]:
+    def take(chunk: bytes) -> bool:
+        chunks.append(chunk)
+        return True
+
+    return take
 
 
 def _size(n: int) -> str:

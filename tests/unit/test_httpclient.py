@@ -154,6 +154,56 @@ def test_gzip_is_inflated(serve: Callable[[Behaviour], RawServer]) -> None:
     assert get(server.url) == b"vllm:x 1\n"
 
 
+def test_a_consumer_gets_the_inflated_pieces_and_no_body(
+    serve: Callable[[Behaviour], RawServer],
+) -> None:
+    text = b"vllm:x 1\n" * 50_000
+    body = gzip.compress(text)
+    server = serve(answer(body, "Content-Encoding: gzip", f"Content-Length: {len(body)}"))
+    pieces: list[bytes] = []
+    client = HttpClient(deadline_seconds=5.0, max_body_bytes=1024 * 1024)
+    response = client.get(server.url, consume=lambda piece: pieces.append(piece) is None)
+    assert response.body == b"" and response.status == 200
+    assert b"".join(pieces) == text and len(pieces) > 1
+
+
+def test_a_consumer_that_has_enough_stops_the_read(
+    serve: Callable[[Behaviour], RawServer],
+) -> None:
+    # The read ends with the first piece; the rest is never read.
+    server = serve(answer(b"x" * 10_000_000))
+    seen: list[int] = []
+
+    def enough(piece: bytes) -> bool:
+        seen.append(len(piece))
+        return False
+
+    started = time.monotonic()
+    client = HttpClient(deadline_seconds=5.0, max_body_bytes=64 * 1024 * 1024)
+    assert client.get(server.url, consume=enough).body == b""
+    assert len(seen) == 1 and time.monotonic() - started < 2
+
+
+def test_a_consumer_is_held_to_the_cap(serve: Callable[[Behaviour], RawServer]) -> None:
+    server = serve(answer(b"x" * 200_000, "Connection: close"))
+    taken: list[int] = []
+    client = HttpClient(deadline_seconds=5.0, max_body_bytes=10_000)
+    with pytest.raises(HttpError) as caught:
+        client.get(server.url, consume=lambda piece: taken.append(len(piece)) is None)
+    assert caught.value.reason == "too_large" and sum(taken) <= 10_000
+
+
+def test_a_failed_read_keeps_nothing_of_the_body(
+    serve: Callable[[Behaviour], RawServer],
+) -> None:
+    """The error raised is not chained to the read's own: that one's traceback holds the
+    frames with the chunks read so far, for as long as the error is kept (a future)."""
+    server = serve(answer(b"x" * 300_000, "Connection: close"))
+    error = failure(server.url, cap=100_000)
+    assert error.reason == "too_large"
+    assert error.__context__ is None and error.__cause__ is None
+
+
 def test_a_body_shorter_than_declared_is_truncated(
     serve: Callable[[Behaviour], RawServer],
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
+import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
@@ -36,6 +37,20 @@ class SourceError(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+def release(error: BaseException) -> None:
+    """Let go of what a failed read's exceptions hold: the frames of their tracebacks
+    keep the read's locals (the body so far) alive, and an exception raised while another
+    was handled often sits in a cycle with a frame, which only a full garbage collection
+    would free. Call it once the reason and message have been read."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
 
 
 class Source(ABC, Generic[T]):
@@ -120,18 +135,30 @@ class SourceRunner(Generic[T]):
             )
         remaining = max(0.0, self.deadline_seconds - (time.monotonic() - started))
         try:
-            value = future.result(timeout=remaining)
+            # exception() rather than result(): re-raising here would add this frame,
+            # which holds the future, to the error's traceback (a cycle).
+            error = future.exception(timeout=remaining)
         except concurrent.futures.TimeoutError:
             return None, self._status(
                 started, "timeout", f"no answer within the {self.deadline_seconds:g}s deadline"
             )
-        except SourceError as exc:
-            return None, self._status(started, exc.reason, exc.message)
-        except Exception as exc:  # a bug or an unexpected library error: contained
-            # Only the type: exception text may quote the data being parsed.
-            log.warning("source %s failed unexpectedly: %s", self.source, type(exc).__name__)
-            return None, self._status(started, "internal_error", type(exc).__name__)
-        return value, SourceStatus(self.source, True, time.monotonic() - started)
+        except concurrent.futures.CancelledError:  # closed while the cycle waited
+            return None, self._status(started, "internal_error", "CancelledError")
+        if self._pending is future:
+            self._pending = None  # done: nothing of this fetch outlives the cycle
+        if error is None:
+            return future.result(), SourceStatus(self.source, True, time.monotonic() - started)
+        status = self._failed(started, error)
+        release(error)
+        return None, status
+
+    def _failed(self, started: float, error: BaseException) -> SourceStatus:
+        if isinstance(error, SourceError):
+            return self._status(started, error.reason, error.message)
+        # A bug or an unexpected library error: contained. Only the type: exception text
+        # may quote the data being parsed.
+        log.warning("source %s failed unexpectedly: %s", self.source, type(error).__name__)
+        return self._status(started, "internal_error", type(error).__name__)
 
     def _status(self, started: float, reason: str, message: str) -> SourceStatus:
         return SourceStatus(
