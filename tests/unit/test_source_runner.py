@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 from gpuledger.sources.base import SourceError, SourceRunner
 
@@ -52,3 +54,31 @@ def test_hung_fetch_times_out_and_does_not_pile_up_threads() -> None:
     value, status = result
     assert value == 7 and status.up
     runner.close()
+
+
+def test_a_failed_fetch_frees_what_it_held_without_the_collector() -> None:
+    """The error's traceback holds the fetch's frames (the body it read); re-raised in the
+    runner's frame, which holds the future, which holds the error, that was a cycle only
+    a full collection freed (issue 14)."""
+
+    class Body:
+        pass
+
+    held: list[weakref.ref[Body]] = []
+
+    def fetch() -> None:
+        body = Body()
+        held.append(weakref.ref(body))
+        raise SourceError("too_large", "answered too much")
+
+    runner: SourceRunner[None] = SourceRunner("t", 5.0)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            _, status = runner.run(fetch)
+            assert status.error_reason == "too_large"
+        assert [ref() for ref in held] == [None, None, None]
+    finally:
+        gc.enable()
+        runner.close()
