@@ -65,14 +65,22 @@ REASONS: Final[tuple[str, ...]] = (
     "api_error",  # the envelope said result=false; the message is Ray's msg
     "http_error",  # a non-200 status without a Ray envelope (proxy, 404, bare 500)
     "bad_response",  # not JSON, truncated, or not the shape of a state API reply
-    "too_large",  # the body exceeded max_response_bytes
+    "too_large",  # more bytes, or more JSON values, than `limit` rows can take
     "invalid_address",  # --ray-address is not an http(s) URL
 )
 
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
 # The API server refuses limits above RAY_MAX_LIMIT_FROM_API_SERVER (10000 by default).
 DEFAULT_LIMIT: Final = 10000
-DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+# A state API answer holds at most `limit` rows, so its size follows from the limit. The
+# captured rows (tests/fixtures/ray) take 0.5-0.9 KiB and up to 50 JSON separators
+# (`,` `:` `{` `[`) each; a row may take about twice that, room for runtime environments,
+# labels and placement groups of many bundles. The separators bound what json.loads
+# builds: 31 MiB of `{},` is 10 million dicts (850 MiB) from a body within any byte cap.
+ROW_BYTES: Final = 2 * 1024
+ROW_SEPARATORS: Final = 96
+ENVELOPE_BYTES: Final = 64 * 1024
+ENVELOPE_SEPARATORS: Final = 4096
 # Ray's own error text is kept, but as one bounded line.
 MAX_MESSAGE_CHARS: Final = 200
 MAX_WARNINGS: Final = 32
@@ -448,6 +456,49 @@ def _base_url(address: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
+_NOT_JSON: Final = object()
+# Parsed rows and the warnings about them.
+_Parsed = tuple[tuple[T, ...], tuple[str, ...]]
+
+
+class _Reader:
+    """Keeps a state API answer as it arrives, and stops reading as soon as it is more than
+    `limit` rows can be: so json.loads only ever sees a body whose objects are bounded."""
+
+    def __init__(self, max_bytes: int, max_separators: int) -> None:
+        # Pieces, joined once the answer is complete and within bounds: a refused answer
+        # never takes one large block (growing one in place copies it, and a freed large
+        # block can stay with the allocator), so hostile answers cost no lasting memory.
+        self.pieces: list[bytes] = []
+        self.size = 0
+        self.max_bytes = max_bytes
+        self.max_separators = max_separators
+        self.separators = 0
+        self.ascii = True
+        self.failure: str | None = None
+
+    def __call__(self, chunk: bytes) -> bool:
+        self.pieces.append(chunk)
+        self.size += len(chunk)
+        # Every JSON value but a container's first follows a `,` or `:`; the first follows
+        # its `{` or `[`. Separators inside strings only make the count high.
+        self.separators += sum(map(chunk.count, (b",", b":", b"{", b"[")))
+        # Ray's dashboard escapes every non-ASCII character (json.dumps); a body that has
+        # some decodes to up to four bytes a character, so it gets a quarter of the cap.
+        self.ascii = self.ascii and chunk.isascii()
+        limit = self.max_bytes if self.ascii else self.max_bytes // 4
+        if self.separators > self.max_separators or self.size > limit:
+            self.failure = "too_large"
+            self.pieces = []
+            return False
+        return True
+
+    def body(self) -> bytes:
+        body = b"".join(self.pieces)
+        self.pieces = []
+        return body
+
+
 @dataclass
 class Driven:
     """What fetch_driven read: the jobs' actors and groups, warnings, the jobs not read."""
@@ -472,12 +523,15 @@ class RayStateClient:
         token: str | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         limit: int = DEFAULT_LIMIT,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_response_bytes: int | None = None,
     ) -> None:
         self.base_url = _base_url(address)
         self.timeout_seconds = timeout_seconds
         self.limit = limit
+        if max_response_bytes is None:
+            max_response_bytes = ENVELOPE_BYTES + limit * ROW_BYTES
         self.max_response_bytes = max_response_bytes
+        self.max_separators = ENVELOPE_SEPARATORS + limit * ROW_SEPARATORS
         self._headers = {"Accept": "application/json"}
         # The file may end in a newline; the token itself never reaches a log or message.
         secret = (token or "").strip()
@@ -490,7 +544,7 @@ class RayStateClient:
             headers=self._headers,
             max_redirects=0,
         )
-        self._nodes_memo: tuple[bytes, tuple[tuple[RayNode, ...], tuple[str, ...]]] | None = None
+        self._nodes_memo: tuple[bytes, _Parsed[RayNode]] | None = None
 
     def __repr__(self) -> str:
         return f"RayStateClient({safe_url(self.base_url)!r})"
@@ -597,14 +651,14 @@ class RayStateClient:
 
     # ---- per kind
 
-    def _nodes(self) -> tuple[tuple[RayNode, ...], tuple[str, ...]]:
+    def _nodes(self) -> _Parsed[RayNode]:
         # Nodes need no detail: detail only adds start/end times.
         body, status, where = self._get_body("/api/v0/nodes", self._list_params([]))
         # The node table rarely changes between cycles: the same bytes parse the same.
         memo = self._nodes_memo
         if memo is not None and status == 200 and memo[0] == body:
             return memo[1]
-        rows, warnings = list_rows(self._decode(body, status, where), "nodes")
+        rows, warnings = self._rows(self._decode(body, status, where), "nodes")
         nodes, skipped = _parse_all(rows, parse_node, "nodes")
         result = (nodes, warnings + skipped)
         self._nodes_memo = (body, result) if status == 200 else None
@@ -615,7 +669,7 @@ class RayStateClient:
     ) -> tuple[tuple[RayActor, ...], tuple[str, ...]]:
         # detail=true: required_resources and placement_group_id are detail-only columns.
         params = self._list_params(filters, detail=True)
-        rows, warnings = list_rows(self._get("/api/v0/actors", params), "actors")
+        rows, warnings = self._rows(self._get("/api/v0/actors", params), "actors")
         actors, skipped = _parse_all(rows, parse_actor, "actors")
         return actors, warnings + skipped
 
@@ -624,7 +678,7 @@ class RayStateClient:
     ) -> tuple[tuple[RayPlacementGroup, ...], tuple[str, ...]]:
         # detail=true: bundles and stats (scheduling_state) are detail-only columns.
         params = self._list_params(filters, detail=True)
-        rows, warnings = list_rows(
+        rows, warnings = self._rows(
             self._get("/api/v0/placement_groups", params), "placement_groups"
         )
         groups, skipped = _parse_all(rows, parse_placement_group, "placement_groups")
@@ -635,13 +689,21 @@ class RayStateClient:
         a warning: which engine drives which workers is then unknown, nothing else."""
         params = self._list_params([("status", "=", "RUNNING")])
         try:
-            rows, warnings = list_rows(self._get("/api/v0/jobs", params), "jobs")
+            rows, warnings = self._rows(self._get("/api/v0/jobs", params), "jobs")
         except SourceError as exc:
             if exc.reason == "unauthorized":
                 raise
             return None, (f"jobs: {exc.message}",)
         jobs, skipped = _parse_all(rows, parse_job, "jobs")
         return jobs, warnings + skipped
+
+    def _rows(self, payload: Any, what: str) -> tuple[list[Any], tuple[str, ...]]:
+        rows, warnings = list_rows(payload, what)
+        if len(rows) > self.limit:  # the server ignored the limit: its rows are not bounded
+            raise SourceError(
+                "too_large", f"Ray {what}: {len(rows)} rows, more than the limit {self.limit}"
+            )
+        return rows, warnings
 
     def _usage(
         self, keys: Collection[str] | None = None
@@ -681,28 +743,40 @@ class RayStateClient:
         """The raw answer: (body, HTTP status, the URL fit for messages)."""
         url = self.base_url + path
         where = safe_url(url)
+        reader = _Reader(self.max_response_bytes, self.max_separators)
+        target = f"{url}?{urlencode(params)}" if params else url
         try:
-            response = self._http.get(f"{url}?{urlencode(params)}" if params else url)
+            response = self._http.get(target, consume=reader)
         except HttpError as exc:
-            raise self._transport_error(exc, where) from None
+            failure: str | None = exc.reason  # raised below, without the HttpError as context
+        else:
+            failure = reader.failure
+        if failure is not None:
+            raise self._transport_error(failure, where)
         if response.status in (401, 403):
             raise self._unauthorized(response.status, where)
-        return response.body, response.status, where
+        return reader.body(), response.status, where
 
     def _decode(self, body: bytes, status: int, where: str) -> Any:
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            payload = _NOT_JSON
+        if payload is _NOT_JSON:
             if status != 200:
-                raise SourceError("http_error", f"HTTP {status} from {where}") from None
-            raise SourceError("bad_response", f"{where} did not answer JSON") from None
+                raise SourceError("http_error", f"HTTP {status} from {where}")
+            raise SourceError("bad_response", f"{where} did not answer JSON")
         if status != 200 and not (isinstance(payload, Mapping) and payload.get("result") is False):
             raise SourceError("http_error", f"HTTP {status} from {where}")
         return payload
 
     def _too_large(self, where: str) -> SourceError:
         mib = self.max_response_bytes / (1024 * 1024)
-        return SourceError("too_large", f"{where} answered more than {mib:g} MiB")
+        return SourceError(
+            "too_large",
+            f"{where} answered more than {mib:.3g} MiB or {self.max_separators} JSON values "
+            f"(what {self.limit} rows take)",
+        )
 
     def _unauthorized(self, status: int, where: str) -> SourceError:
         if "Authorization" in self._headers:
@@ -718,18 +792,18 @@ class RayStateClient:
             "with RAY_AUTH_MODE=disabled",
         )
 
-    def _transport_error(self, exc: HttpError, where: str) -> SourceError:
-        if exc.reason == "timeout":
+    def _transport_error(self, reason: str, where: str) -> SourceError:
+        if reason == "timeout":
             return SourceError(
                 "timeout", f"no complete answer from {where} within {self.timeout_seconds:g}s"
             )
-        if exc.reason == "too_large":
+        if reason == "too_large":
             return self._too_large(where)
-        if exc.reason in ("truncated", "garbage"):
+        if reason in ("truncated", "garbage"):
             return SourceError("bad_response", f"{where} sent a truncated or undecodable body")
-        if exc.reason == "invalid_url":
+        if reason == "invalid_url":
             return SourceError("invalid_address", f"invalid Ray dashboard URL {where}")
-        detail = "connection refused" if exc.reason == "refused" else exc.reason.replace("_", " ")
+        detail = "connection refused" if reason == "refused" else reason.replace("_", " ")
         return SourceError("unreachable", f"cannot reach the Ray dashboard at {where}: {detail}")
 
 
