@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gpuledger.pipeline import Pipeline
+from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.server import Exporter, serve
 from gpuledger.sim.harness import SimulatedNode
 from gpuledger.sim.scenario import Scenario, parse_scenario
@@ -58,6 +58,7 @@ class Node:
         deadline: float = 0.5,
         warm_up: float = 5.0,
         healthy: Scenario | None = None,
+        adjust: Callable[[PipelineConfig], PipelineConfig] | None = None,
         **config: Any,
     ) -> None:
         self.scenario = doc if isinstance(doc, Scenario) else parse_scenario(doc, "test.yaml")
@@ -66,6 +67,8 @@ class Node:
         self.deadline = deadline
         self.sim = SimulatedNode(self.scenario, workdir)
         self.config = dataclasses.replace(self.sim.pipeline_config(deadline), **config)
+        if adjust is not None:  # e.g. a source pointed at a hostile proxy in front of the sim
+            self.config = adjust(self.config)
         self.pipeline = Pipeline(self.config)
         self.exporter = Exporter(self.pipeline.cycle, interval_seconds=deadline)
         self.httpd = serve(self.exporter, "127.0.0.1:0", self.config.node, self.config.mode)
@@ -260,6 +263,7 @@ class StreamServer:
         declare_length: bool = True,
         limit: float = 15.0,
         prefix: bytes = b"",
+        fill: bytes = b"x",
     ) -> None:
         owner = self
         self.stopped = threading.Event()
@@ -281,7 +285,7 @@ class StreamServer:
                     self.wfile.write(prefix)
                     self.wfile.flush()
                     sent = 0
-                    piece = b"x" * chunk
+                    piece = (fill * (chunk // len(fill) + 1))[:chunk]
                     while sent < size and time.monotonic() < give_up:
                         if owner.stopped.wait(pause) if pause else owner.stopped.is_set():
                             return

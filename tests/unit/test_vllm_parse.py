@@ -16,8 +16,11 @@ from gpuledger.sources.vllm_metrics import (
     CACHE_CONFIG_LABELS,
     MAX_ENGINES_PER_TARGET,
     MAX_LINE_CHARS,
+    MAX_OTHER_LINE_CHARS,
     MAX_WANTED_CHARS,
     ExpositionError,
+    ExpositionReader,
+    VllmLines,
     looks_like_vllm,
     parse_exposition,
 )
@@ -516,11 +519,21 @@ def test_megabyte_lines_are_refused(line: str) -> None:
     assert looks_like_vllm(line) == line.startswith("vllm:")
 
 
+LONGEST_OTHER = MAX_OTHER_LINE_CHARS
+
+
 @pytest.mark.parametrize(
-    "line", ["a{" + "} x" * (MEGABYTE // 3), "# " * (MEGABYTE // 2)], ids=["sample", "comment"]
+    "line",
+    ["a{" + "} x" * ((LONGEST_OTHER - 2) // 3), "# " * (LONGEST_OTHER // 2)],
+    ids=["sample", "comment"],
 )
-def test_megabyte_lines_of_other_families_are_only_shape_checked(line: str) -> None:
+def test_long_lines_of_other_families_are_only_shape_checked(line: str) -> None:
+    assert len(line) <= MAX_OTHER_LINE_CHARS
     assert parse_exposition(line + "\n") == ()
+    # Past the bound a line is refused: it is held whole until it ends (sources/vllm.py
+    # reads bodies piece by piece), and no real exposition has one.
+    with pytest.raises(ExpositionError, match="line over"):
+        parse_exposition(line + "x" * (MAX_OTHER_LINE_CHARS - len(line) + 1) + "\n")
 
 
 def test_wanted_lines_are_bounded_in_length_and_in_all() -> None:
@@ -534,3 +547,78 @@ def test_wanted_lines_are_bounded_in_length_and_in_all() -> None:
         parse_exposition(many)
     # Other families' lines do not count: a large exposition of other series is fine.
     assert parse_exposition(longest + "other_series 1\n" * (MAX_WANTED_CHARS // 10))
+
+
+# ------------------------------------------------------------ read piece by piece
+
+
+def _pieces(text: str, cuts: list[int]) -> list[str]:
+    points = sorted({min(c, len(text)) for c in cuts})
+    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+
+
+def _read(pieces: list[str]) -> tuple[EngineMetrics, ...] | str:
+    reader = ExpositionReader()
+    try:
+        for piece in pieces:
+            reader.feed(piece)
+        return reader.engines()
+    except ExpositionError:
+        return "error"
+
+
+def _whole(text: str) -> tuple[EngineMetrics, ...] | str:
+    try:
+        return parse_exposition(text)
+    except ExpositionError:
+        return "error"
+
+
+PIECE_TEXT = st.one_of(
+    st.text(alphabet='vlm: \n\r\t\x85\u2028#{}="01xa_', max_size=200),
+    st.lists(st.sampled_from(SAMPLE_LINES), max_size=30).map(lambda ls: "\n".join(ls) + "\n"),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PIECE_TEXT, st.lists(st.integers(min_value=0, max_value=4000), max_size=8))
+def test_a_text_read_in_pieces_reads_as_the_whole(text: str, cuts: list[int]) -> None:
+    pieces = _pieces(text, cuts)
+    assert _read(pieces) == _whole(text)
+    watch = VllmLines()
+    for piece in pieces:
+        watch.feed(piece)
+    assert watch.seen == looks_like_vllm(text)
+
+
+def test_the_real_sample_read_a_byte_at_a_time() -> None:
+    text = fixture("0.32")
+    assert _read(list(text)) == parse_exposition(text)
+    watch = VllmLines()
+    for char in text:
+        watch.feed(char)
+    assert watch.seen
+
+
+def test_a_line_is_refused_while_it_is_still_arriving() -> None:
+    reader = ExpositionReader()
+    reader.feed("a" * MAX_OTHER_LINE_CHARS)
+    with pytest.raises(ExpositionError, match="line over"):
+        reader.feed("a")
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.text(alphabet=' \t\r\x0b\x85#{}="01ax_:é', max_size=24).filter(lambda t: "\n" not in t),
+        max_size=12,
+    )
+)
+def test_the_fast_path_accepts_only_lines_the_line_check_passes(lines: list[str]) -> None:
+    from gpuledger.sources.vllm_metrics import _OTHER_LINES, _keep_line
+
+    block = "".join(f"{line}\n" for line in lines)
+    if _OTHER_LINES.fullmatch(block) is None:
+        return
+    for line in lines:
+        assert _keep_line(line) is False  # neither kept nor refused

@@ -13,6 +13,7 @@ Secrets: response bodies and header values never reach an error message or a log
 
 from __future__ import annotations
 
+import codecs
 import concurrent.futures
 import logging
 import ssl
@@ -26,7 +27,7 @@ from gpuledger.model.kubernetes import PODS
 from gpuledger.model.vllm import VLLM, EngineMetrics, EngineScrape, EngineTarget, VllmSnapshot
 from gpuledger.sources.base import Source
 from gpuledger.sources.vllm_discovery import discover_targets
-from gpuledger.sources.vllm_metrics import ExpositionError, looks_like_vllm, parse_exposition
+from gpuledger.sources.vllm_metrics import ExpositionError, ExpositionReader, VllmLines
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ REASONS: tuple[str, ...] = (
 DEFAULT_TIMEOUT_SECONDS = 5.0
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_WORKERS = 8
-
 
 
 class _ScrapeFailed(Exception):
@@ -100,9 +100,7 @@ class VllmScraper:
         done, _ = concurrent.futures.wait(futures, timeout=self.timeout_seconds + 0.5)
         return VllmSnapshot(
             tuple(
-                f.result()
-                if f in done
-                else self._failed(t, started, "timeout", self._late())
+                f.result() if f in done else self._failed(t, started, "timeout", self._late())
                 for f, t in zip(futures, targets, strict=True)
             )
         )
@@ -170,20 +168,29 @@ class VllmScraper:
         )
 
     def _scrape(self, target: EngineTarget, deadline: float) -> tuple[EngineMetrics, ...]:
-        text = self._download(target.url, deadline).decode("utf-8", errors="replace")
+        body = _Body(candidate=target.origin == "prometheus_annotation")
+        self._download(target.url, deadline, body)
+        if body.bug is not None:
+            log.warning("vLLM scrape of %s failed unexpectedly: %s", safe_url(target.url), body.bug)
+            raise _ScrapeFailed("internal_error", body.bug)
         # A prometheus.io-annotated pod is only a candidate: decide "is it vLLM" before
         # judging its syntax, so a non-vLLM app is dropped, not reported as garbage.
-        if target.origin == "prometheus_annotation" and not looks_like_vllm(text):
+        if body.candidate and not body.vllm.seen:
             raise _ScrapeFailed("not_vllm", "no vllm: series in the exposition")
-        try:
-            engines = parse_exposition(text)
-        except ExpositionError as exc:
-            raise _ScrapeFailed("garbage", str(exc)) from None
-        if not engines and not looks_like_vllm(text):
+        if body.error is None:
+            try:
+                return self._engines(body)
+            except ExpositionError as exc:
+                body.error = str(exc)  # raised below, without this error as context
+        raise _ScrapeFailed("garbage", body.error or "not a Prometheus text exposition")
+
+    def _engines(self, body: _Body) -> tuple[EngineMetrics, ...]:
+        engines = body.reader.engines()
+        if not engines and not body.vllm.seen:
             raise _ScrapeFailed("not_vllm", "no vllm: series in the exposition")
         return engines
 
-    def _download(self, url: str, deadline: float) -> bytes:
+    def _download(self, url: str, deadline: float, body: _Body) -> None:
         client = HttpClient(
             deadline_seconds=max(0.001, deadline - time.monotonic()),
             max_body_bytes=self.max_body_bytes,
@@ -194,11 +201,50 @@ class VllmScraper:
             },
             tls_context=self._tls,
         )
-        response = client.get(url)
+        response = client.get(url, consume=body)
         if response.status != 200:
             code = response.status if 100 <= response.status <= 599 else 0
             raise _ScrapeFailed(f"http_{code}", f"HTTP status {code}")
-        return response.body
+        body.end()
+
+
+class _Body:
+    """One engine's answer, read as it arrives (HttpClient.get's `consume`): decoded,
+    each line checked or kept when it ends (vllm_metrics.ExpositionReader), and watched
+    for vllm: series. Only the lines of the families read are held, never the body."""
+
+    def __init__(self, candidate: bool) -> None:
+        self.candidate = candidate
+        self.reader = ExpositionReader()
+        self.vllm = VllmLines()
+        self.error: str | None = None  # the first malformed line, said without quoting it
+        self.bug: str | None = None  # the type of an unexpected exception
+        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._stopped = False
+
+    def __call__(self, chunk: bytes) -> bool:
+        try:
+            self._take(self._decode(chunk))
+        except Exception as exc:  # a bug: the client must not read it as a transport error
+            self.bug = type(exc).__name__
+        # After a malformed line only a candidate still reads on: whether any line is a
+        # vllm: series decides between not_vllm and garbage.
+        more = self.bug is None and (self.error is None or (self.candidate and not self.vllm.seen))
+        self._stopped = not more
+        return more
+
+    def end(self) -> None:
+        """The body is complete: what the decoder still holds."""
+        if not self._stopped:
+            self._take(self._decode(b"", final=True))
+
+    def _take(self, text: str) -> None:
+        self.vllm.feed(text)
+        if self.error is None:
+            try:
+                self.reader.feed(text)
+            except ExpositionError as exc:
+                self.error = str(exc)
 
 
 class VllmSource(Source[VllmSnapshot]):

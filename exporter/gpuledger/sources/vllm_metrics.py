@@ -4,6 +4,10 @@
 (model_name, engine) out. It tolerates every naming generation we know of (see the
 ``_*`` name constants) and keeps nothing it does not need: ``vllm:cache_config_info``
 grows a label every release, so only :data:`CACHE_CONFIG_LABELS` survive.
+
+:class:`ExpositionReader` and :class:`VllmLines` do the same for a body read piece by
+piece as it arrives (sources/vllm.py): each line is checked or kept as soon as it ends,
+so a scrape holds the lines of the families read and one line, never the body.
 """
 
 from __future__ import annotations
@@ -45,6 +49,12 @@ _WANTED = (_RUNNING, _WAITING, _KV_USAGE, _KV_USAGE_OLD, "vllm:num_preemptions",
 # The shape every other sample line must have, matched against the stripped line.
 _SAMPLE_SHAPE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(?:\{.*\})?[ \t]+\S+(?:[ \t]+\S+)?[ \t]*")
 _COMMENT_PREFIXES = ("# HELP ", "# TYPE ")
+# Lines, each ending in \n, that _keep_line passes without keeping, if no vllm: is in
+# them: blank, a comment, or a sample (ASCII blanks only; anything else takes the slow path).
+_OTHER_LINES = re.compile(
+    r"(?:[ \t\r]*+(?:#[^\n]*+|[A-Za-z_:][A-Za-z0-9_:]*+(?:\{[^\n]*\})?[ \t]+\S+(?:[ \t]+\S+)?)?"
+    r"[ \t\r]*+\n)*+"
+)
 
 # prometheus_client's parser reads about a character a microsecond, and more on hostile
 # lines (a label value of escaped quotes: 20 ms at 16 KiB, 0.6 s at 256 KiB). A real
@@ -54,11 +64,18 @@ _COMMENT_PREFIXES = ("# HELP ", "# TYPE ")
 # (docs/performance.md, benchmarks/bench_parse.py).
 MAX_LINE_CHARS = 8 * 1024
 MAX_WANTED_CHARS = 512 * 1024
+# Other lines are only shape-checked, but each is held until its end arrives, so it is
+# bounded too: real expositions' lines are under 4 KiB; a longer one is hostile.
+MAX_OTHER_LINE_CHARS = 64 * 1024
+_PIECE = 64 * 1024
 
 # str.splitlines() boundaries (all of them whitespace as well).
 _LINE_BREAKS = r"\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _VLLM_FIRST_LINE = re.compile(f"[^\\S{_LINE_BREAKS}]*+vllm:")
 _VLLM_LATER_LINE = re.compile(f"[{_LINE_BREAKS}][^\\S{_LINE_BREAKS}]*+vllm:")
+# A line break, blanks and the beginning of "vllm:" at the end of a piece: what the next
+# piece may complete into a vllm: line.
+_VLLM_LINE_OPEN = re.compile(f"[{_LINE_BREAKS}][^\\S{_LINE_BREAKS}]*+(v(?:l(?:lm?)?)?)?\\Z")
 
 
 class ExpositionError(ValueError):
@@ -108,22 +125,97 @@ def _keep_line(line: str) -> bool:
     return False
 
 
-def _relevant_lines(text: str) -> str:
-    """The lines of the families we read, in order; every other line is only
-    shape-checked, so prometheus_client parses a dozen lines rather than ~600."""
-    kept: list[str] = []
-    size = 0
-    for line in text.split("\n"):
+class VllmLines:
+    """Whether any line of a text read piece by piece is a `vllm:` series: the answer
+    looks_like_vllm gives for the whole text, holding a few characters between pieces."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._open = "\n"  # the text begins at a line start
+
+    def feed(self, text: str) -> None:
+        if self.seen or not text:
+            return
+        window = self._open + text
+        self.seen = _VLLM_LATER_LINE.search(window) is not None
+        tail = _VLLM_LINE_OPEN.search(window)
+        self._open = "\n" + (tail.group(1) or "") if tail is not None else ""
+
+
+def _too_long(limit: int) -> ExpositionError:
+    return ExpositionError(f"not a Prometheus text exposition (a line over {limit} characters)")
+
+
+class ExpositionReader:
+    """The lines of the families we read, from an exposition fed piece by piece.
+
+    Each line is shape-checked, or kept, when its end arrives; `feed` raises
+    ExpositionError at the first line that is malformed or too long (MAX_LINE_CHARS for a
+    wanted line, MAX_OTHER_LINE_CHARS for any other, MAX_WANTED_CHARS wanted in all).
+    """
+
+    def __init__(self) -> None:
+        self._kept: list[str] = []
+        self._size = 0
+        self._open: list[str] = []  # the pieces of the line not ended yet
+        self._open_chars = 0
+
+    def feed(self, text: str) -> None:
+        end = text.rfind("\n")
+        if end < 0:
+            self._hold(text)
+            return
+        first = text.find("\n")
+        self._open.append(text[:first])
+        line = "".join(self._open)
+        self._open, self._open_chars = [], 0
+        self._line(line)
+        self._lines(text[first + 1 : end + 1])
+        self._hold(text[end + 1 :])
+
+    def _hold(self, piece: str) -> None:
+        if piece:
+            self._open_chars += len(piece)
+            if self._open_chars > MAX_OTHER_LINE_CHARS:
+                raise _too_long(MAX_OTHER_LINE_CHARS)
+            self._open.append(piece)
+
+    def _lines(self, block: str) -> None:
+        """Complete lines, each ending in \\n."""
+        # Lines of other families only, all well-formed: one regex at C speed instead of
+        # a Python loop over lines (a padded or hostile body is mostly such lines).
+        if (
+            len(block) <= MAX_OTHER_LINE_CHARS
+            and "vllm:" not in block
+            and _OTHER_LINES.fullmatch(block) is not None
+        ):
+            return
+        for line in filter(None, block.split("\n")):  # empty lines skipped at C speed
+            self._line(line)
+
+    def relevant(self) -> str:
+        """The kept lines once the text has ended (its last line need not end in \\n)."""
+        last = "".join(self._open)
+        self._open, self._open_chars = [], 0
+        self._line(last)
+        return "\n".join(self._kept) + "\n"
+
+    def engines(self) -> tuple[EngineMetrics, ...]:
+        """The engines of the text once it has ended; see parse_exposition."""
+        return _engines(self.relevant())
+
+    def _line(self, line: str) -> None:
+        if len(line) > MAX_OTHER_LINE_CHARS:
+            raise _too_long(MAX_OTHER_LINE_CHARS)
         if not _keep_line(line):
-            continue
-        size += len(line) + 1
-        if len(line) > MAX_LINE_CHARS or size > MAX_WANTED_CHARS:
+            return
+        self._size += len(line) + 1
+        if len(line) > MAX_LINE_CHARS or self._size > MAX_WANTED_CHARS:
             raise ExpositionError(
                 f"vllm: series longer than {MAX_LINE_CHARS} characters a line"
                 f" or {MAX_WANTED_CHARS} in all"
             )
-        kept.append(line)
-    return "\n".join(kept) + "\n"
+        self._kept.append(line)
 
 
 def _samples(relevant: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
@@ -148,13 +240,20 @@ def parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
     to them. Raises :class:`ExpositionError` for text the Prometheus parser rejects, or
     with more than MAX_ENGINES_PER_TARGET engines.
     """
+    reader = ExpositionReader()
+    for at in range(0, len(text), _PIECE):  # as a scrape reads it: never split whole
+        reader.feed(text[at : at + _PIECE])
+    return reader.engines()
+
+
+def _engines(relevant: str) -> tuple[EngineMetrics, ...]:
+    """The engines of the kept lines (ExpositionReader.relevant)."""
     builders: dict[tuple[str, str], _Builder] = {}
     # (model_name or None, engine or None): None where the label is absent. A key that
     # saw two different configs is ambiguous (several models behind one endpoint with
     # no model_name on the info series) and is dropped rather than guessed.
     configs: dict[tuple[str | None, str | None], dict[str, str] | None] = {}
 
-    relevant = _relevant_lines(text)
     # An idle engine's gauges may have no sample at all until its first request (vLLM
     # declares them with # TYPE only): a declared gauge without a sample reads 0.
     declared = {
