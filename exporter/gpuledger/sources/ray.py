@@ -461,9 +461,10 @@ _NOT_JSON: Final = object()
 _Parsed = tuple[tuple[T, ...], tuple[str, ...]]
 
 
-class _Reader:
-    """Keeps a state API answer as it arrives, and stops reading as soon as it is more than
-    `limit` rows can be: so json.loads only ever sees a body whose objects are bounded."""
+class JsonReader:
+    """Keeps a JSON answer as it arrives (HttpClient.get's `consume`), and stops reading as
+    soon as it has more bytes or separators than allowed (for the state API: what `limit`
+    rows take), so json.loads only ever sees a body whose objects are bounded."""
 
     def __init__(self, max_bytes: int, max_separators: int) -> None:
         # Pieces, joined once the answer is complete and within bounds: a refused answer
@@ -743,7 +744,7 @@ class RayStateClient:
         """The raw answer: (body, HTTP status, the URL fit for messages)."""
         url = self.base_url + path
         where = safe_url(url)
-        reader = _Reader(self.max_response_bytes, self.max_separators)
+        reader = JsonReader(self.max_response_bytes, self.max_separators)
         target = f"{url}?{urlencode(params)}" if params else url
         try:
             response = self._http.get(target, consume=reader)

@@ -46,8 +46,8 @@ from gpuledger.model.serve import (
     ServeSnapshot,
 )
 from gpuledger.sources.base import Source, SourceError
-from gpuledger.sources.ray import _base_url, one_line
-from gpuledger.sources.serve_metrics import parse_serve_metrics
+from gpuledger.sources.ray import JsonReader, _base_url, one_line
+from gpuledger.sources.serve_metrics import MetricsBody
 from gpuledger.sources.vllm_metrics import ExpositionError
 
 # Bounded vocabulary for SourceError.reason and item errors (a label value).
@@ -76,6 +76,9 @@ MAX_APPLICATIONS_BYTES: Final = 4 * 1024 * 1024
 MAX_NODE_BYTES: Final = 8 * 1024 * 1024
 # A node's whole Ray exposition, mostly histogram buckets of every worker on it.
 MAX_METRICS_BYTES: Final = 32 * 1024 * 1024
+# What json.loads may build from a dashboard answer: one JSON value (a separator: `,` `:`
+# `{` `[`) per 8 bytes of the cap; real answers hold one per 20-40 bytes.
+BYTES_PER_SEPARATOR: Final = 8
 _HEX: Final = re.compile(r"[0-9a-f]{1,128}")
 # HTTP reasons (httpclient.REASONS) -> this source's.
 _TRANSPORT: Final = {
@@ -261,29 +264,35 @@ class ServeClient:
         self, url: str, deadline: float
     ) -> tuple[tuple[ServeRouterQueue, ...], tuple[ServeReplicaLoad, ...]]:
         where = safe_url(url)
+        body = MetricsBody()  # read as it arrives: the body (up to 32 MiB) is never held
         try:
-            response = self._http(deadline, MAX_METRICS_BYTES, {}).get(url)
+            response = self._http(deadline, MAX_METRICS_BYTES, {}).get(url, consume=body)
         except HttpError as exc:
             reason = _node_reason(_TRANSPORT.get(exc.reason, "unreachable"))
             raise _NodeFailed(f"metrics_{reason}", exc.message) from None
         if response.status != 200:
             raise _NodeFailed("metrics_http_error", f"HTTP {response.status} from {where}")
         try:
-            return parse_serve_metrics(response.body.decode("utf-8"))
-        except (UnicodeDecodeError, ExpositionError) as exc:
-            # The message never quotes the body; a decode error's would.
-            detail = str(exc) if isinstance(exc, ExpositionError) else "not UTF-8"
-            raise _NodeFailed("metrics_bad_response", f"{where}: {detail}") from None
+            return body.parsed()
+        except ExpositionError as exc:  # its message never quotes the body
+            raise _NodeFailed("metrics_bad_response", f"{where}: {exc}") from None
 
     # ---- the dashboard
 
     def _dashboard_json(self, path: str, max_bytes: int, deadline: float) -> Any:
         url = self.base_url + path
         where = safe_url(url)
+        reader = JsonReader(max_bytes, max_bytes // BYTES_PER_SEPARATOR)
         try:
-            response = self._http(deadline, max_bytes, self._headers, redirects=0).get(url)
+            response = self._http(deadline, max_bytes, self._headers, redirects=0).get(
+                url, consume=reader
+            )
         except HttpError as exc:
             raise _transport_error(exc, where, self.timeout_seconds, max_bytes) from None
+        if reader.failure is not None:
+            raise SourceError(
+                "too_large", f"{where} answered more than {max_bytes >> 20} MiB or JSON values"
+            )
         if response.status in (401, 403):
             raise SourceError(
                 "unauthorized",
@@ -296,7 +305,7 @@ class ServeClient:
         if response.status != 200:
             raise SourceError("http_error", f"HTTP {response.status} from {where}")
         try:
-            return json.loads(response.body)
+            return json.loads(reader.body())
         except (ValueError, RecursionError):
             raise SourceError("bad_response", f"{where} did not answer JSON") from None
 

@@ -12,59 +12,75 @@ tests/fixtures/ray/ray-2.60-serve/ shows them under load):
 * ``ray_serve_replica_processing_queries{application, deployment, replica}``: what each
   replica process runs now.
 
-Lines are filtered as vLLM's are (gpuledger/sources/vllm_metrics.py): every other line is
-only shape-checked, the few wanted lines go through prometheus_client's parser, each
-bounded in length, and at most MAX_SERIES wanted series are read.
+Lines are filtered as vLLM's are (gpuledger/sources/vllm_metrics.py), by the same
+reader: every other line is only shape-checked, the few wanted lines go through
+prometheus_client's parser, each bounded in length, and at most MAX_SERIES wanted series
+are read. `MetricsBody` reads an answer as it arrives: the body is never held.
 """
 
 from __future__ import annotations
 
+import codecs
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from gpuledger.model.serve import ServeReplicaLoad, ServeRouterQueue
-from gpuledger.sources.vllm_metrics import (
-    _SAMPLE_SHAPE,
-    MAX_LINE_CHARS,
-    ExpositionError,
-    _samples,
-)
+from gpuledger.sources.vllm_metrics import ExpositionError, ExpositionReader, _samples
 
 QUEUED = "ray_serve_deployment_queued_queries"
 AT_REPLICAS = "ray_serve_num_ongoing_requests_at_replicas"
 PROCESSING = "ray_serve_replica_processing_queries"
 _WANTED = (QUEUED, AT_REPLICAS, PROCESSING)
-_COMMENTS = tuple(f"# {kind} {name}" for kind in ("HELP", "TYPE") for name in _WANTED)
 # Routers x deployments plus replicas on one Ray node: a node with hundreds of replicas
 # and handles stays far below; more is a hostile or broken endpoint.
 MAX_SERIES = 4096
+# Their lines run to ~250 characters (four labels); 1 KiB each bounds what is kept.
+MAX_WANTED_CHARS = MAX_SERIES * 1024
+_PIECE = 64 * 1024
 
 
-def _wanted(line: str) -> bool:
-    """Whether a line is one of the three families; raises ExpositionError for any other
-    line that is not shaped like an exposition line (an error page must not pass for a
-    node without Serve)."""
-    stripped = line.strip()
-    if not stripped:
-        return False
-    if stripped.startswith("#"):
-        return stripped.startswith(_COMMENTS)
-    if stripped.startswith(_WANTED):
-        if len(stripped) > MAX_LINE_CHARS:
-            raise ExpositionError(f"a ray_serve_ line longer than {MAX_LINE_CHARS} characters")
-        return True
-    if _SAMPLE_SHAPE.fullmatch(stripped) is None:
-        raise ExpositionError("not a Prometheus text exposition (malformed line)")
-    return False
+def _reader() -> ExpositionReader:
+    return ExpositionReader(_WANTED, "ray_serve_", MAX_WANTED_CHARS, MAX_SERIES)
 
 
 def relevant_lines(text: str) -> str:
     """The lines of the three families, at most MAX_SERIES samples of them."""
-    kept = [line for line in text.split("\n") if _wanted(line)]
-    if sum(1 for line in kept if not line.lstrip().startswith("#")) > MAX_SERIES:
-        raise ExpositionError(f"more than {MAX_SERIES} ray_serve_ queue series")
-    return "\n".join(kept) + "\n"
+    reader = _reader()
+    for at in range(0, len(text), _PIECE):
+        reader.feed(text[at : at + _PIECE])
+    return reader.relevant()
+
+
+class MetricsBody:
+    """A node's metrics answer read as it arrives (HttpClient.get's `consume`): decoded and
+    filtered piece by piece, stopped at the first line that is not an exposition line."""
+
+    def __init__(self) -> None:
+        self.reader = _reader()
+        self.error: str | None = None  # said without quoting the body
+        self._decode = codecs.getincrementaldecoder("utf-8")().decode
+
+    def __call__(self, chunk: bytes) -> bool:
+        self._take(chunk)
+        return self.error is None
+
+    def parsed(self) -> tuple[tuple[ServeRouterQueue, ...], tuple[ServeReplicaLoad, ...]]:
+        """Once the answer is complete. Raises ExpositionError for one that is not a
+        bounded exposition."""
+        if self.error is None:
+            self._take(b"", final=True)
+        if self.error is not None:
+            raise ExpositionError(self.error)
+        return _fold(_samples(self.reader.relevant()))
+
+    def _take(self, chunk: bytes, final: bool = False) -> None:
+        try:
+            self.reader.feed(self._decode(chunk, final))
+        except UnicodeDecodeError:
+            self.error = "not UTF-8"
+        except ExpositionError as exc:
+            self.error = str(exc)
 
 
 def parse_serve_metrics(

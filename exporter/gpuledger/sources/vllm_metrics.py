@@ -49,8 +49,9 @@ _WANTED = (_RUNNING, _WAITING, _KV_USAGE, _KV_USAGE_OLD, "vllm:num_preemptions",
 # The shape every other sample line must have, matched against the stripped line.
 _SAMPLE_SHAPE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(?:\{.*\})?[ \t]+\S+(?:[ \t]+\S+)?[ \t]*")
 _COMMENT_PREFIXES = ("# HELP ", "# TYPE ")
-# Lines, each ending in \n, that _keep_line passes without keeping, if no vllm: is in
-# them: blank, a comment, or a sample (ASCII blanks only; anything else takes the slow path).
+# Lines, each ending in \n, that _keep_line passes without keeping, if none holds the
+# wanted families' common prefix (vllm:): blank, a comment, or a sample (ASCII blanks
+# only; anything else takes the slow path).
 _OTHER_LINES = re.compile(
     r"(?:[ \t\r]*+(?:#[^\n]*+|[A-Za-z_:][A-Za-z0-9_:]*+(?:\{[^\n]*\})?[ \t]+\S+(?:[ \t]+\S+)?)?"
     r"[ \t\r]*+\n)*+"
@@ -108,7 +109,7 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _keep_line(line: str) -> bool:
+def _keep_line(line: str, wanted: tuple[str, ...] = _WANTED) -> bool:
     """Whether the line belongs to a family we read; raises ExpositionError if any other
     line is not shaped like an exposition line (garbage must not pass for an empty engine).
     """
@@ -117,8 +118,8 @@ def _keep_line(line: str) -> bool:
         return False
     if stripped.startswith("#"):
         name = stripped[7:] if stripped.startswith(_COMMENT_PREFIXES) else ""
-        return name.startswith(_WANTED)
-    if stripped.startswith(_WANTED):
+        return name.startswith(wanted)
+    if stripped.startswith(wanted):
         return True
     if _SAMPLE_SHAPE.fullmatch(stripped) is None:
         raise ExpositionError("not a Prometheus text exposition (malformed line)")
@@ -147,16 +148,32 @@ def _too_long(limit: int) -> ExpositionError:
 
 
 class ExpositionReader:
-    """The lines of the families we read, from an exposition fed piece by piece.
+    """The lines of the families read, from an exposition fed piece by piece.
 
     Each line is shape-checked, or kept, when its end arrives; `feed` raises
     ExpositionError at the first line that is malformed or too long (MAX_LINE_CHARS for a
-    wanted line, MAX_OTHER_LINE_CHARS for any other, MAX_WANTED_CHARS wanted in all).
+    wanted line, MAX_OTHER_LINE_CHARS for any other), past `max_wanted_chars` of wanted
+    lines in all, or past `max_samples` wanted samples. `wanted` are the families' names
+    (vLLM's by default; sources/serve_metrics.py reads Ray Serve's), `marker` a string
+    every line of them holds (their common prefix).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        wanted: tuple[str, ...] = _WANTED,
+        marker: str = "vllm:",
+        max_wanted_chars: int = MAX_WANTED_CHARS,
+        max_samples: int | None = None,
+    ) -> None:
+        if not marker or not all(name.startswith(marker) for name in wanted):
+            raise ValueError("marker must be a prefix of every wanted name")
+        self.wanted = wanted
+        self.max_wanted_chars = max_wanted_chars
+        self.max_samples = max_samples
+        self._marker = marker
         self._kept: list[str] = []
         self._size = 0
+        self._samples = 0
         self._open: list[str] = []  # the pieces of the line not ended yet
         self._open_chars = 0
 
@@ -186,7 +203,7 @@ class ExpositionReader:
         # a Python loop over lines (a padded or hostile body is mostly such lines).
         if (
             len(block) <= MAX_OTHER_LINE_CHARS
-            and "vllm:" not in block
+            and self._marker not in block
             and _OTHER_LINES.fullmatch(block) is not None
         ):
             return
@@ -207,14 +224,18 @@ class ExpositionReader:
     def _line(self, line: str) -> None:
         if len(line) > MAX_OTHER_LINE_CHARS:
             raise _too_long(MAX_OTHER_LINE_CHARS)
-        if not _keep_line(line):
+        if not _keep_line(line, self.wanted):
             return
         self._size += len(line) + 1
-        if len(line) > MAX_LINE_CHARS or self._size > MAX_WANTED_CHARS:
+        if len(line) > MAX_LINE_CHARS or self._size > self.max_wanted_chars:
             raise ExpositionError(
-                f"vllm: series longer than {MAX_LINE_CHARS} characters a line"
-                f" or {MAX_WANTED_CHARS} in all"
+                f"{self._marker} series longer than {MAX_LINE_CHARS} characters a line"
+                f" or {self.max_wanted_chars} in all"
             )
+        if self.max_samples is not None and not line.lstrip().startswith("#"):
+            self._samples += 1
+            if self._samples > self.max_samples:
+                raise ExpositionError(f"more than {self.max_samples} {self._marker} series")
         self._kept.append(line)
 
 
