@@ -125,6 +125,12 @@ EXPECTED: dict[str, tuple[str, str, dict[str, str]] | None] = {
             "parent_gpu_uuid": "GPU-e2e00020-0000-4000-8000-000000000020",
         },
     ),
+    # a Ray Serve router holding requests its full replicas cannot take, no engine queueing
+    "e2e-serve": (
+        "GpuLedgerServeRouterQueueing",
+        "routing",
+        {"workload": "rayserve", "application": "chat", "deployment": "LLMServer"},
+    ),
     # a healthy engine serving, nothing waiting
     "e2e-serving": None,
     # two notebooks time-slicing one GPU: both allocated, both using it: nothing
@@ -147,6 +153,7 @@ STAGES = {
     ("e2e-shared", "notebook-a"): "no_engine",
     ("e2e-shared", "notebook-b"): "no_engine",
     ("e2e-mig", "tiny"): "no_engine",
+    ("e2e-serve", "rayserve"): "routing",
 }
 
 # e2e-phases.yaml's phases for e2e-evolving, in order: the stage and the alerts of each.
