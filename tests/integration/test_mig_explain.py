@@ -14,7 +14,6 @@ from gpuledger.sim.harness import settled_document
 from gpuledger.sim.scenario import parse_scenario
 from tests.integration.test_mig_attribution import GPU_A, GPU_B, GPU_PLAIN, MIGS, mig_node
 
-
 SIMULATED = "SIMULATED: mig-node served by gpuledger demo or simulate, not real hardware\n"
 
 
