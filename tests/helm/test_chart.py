@@ -231,6 +231,7 @@ def test_strict_validation_rejects_an_unknown_field() -> None:
         (["ray.workload=no-slash"], "workload"),
         (["jobName="], "jobName"),
         (["node.podResources.hostPath=relative/dir"], "hostPath"),
+        (["node.resources.request.cpu=1"], "resources"),  # a typo of requests
     ],
 )
 @pytest.mark.parametrize("major", HELM_MAJORS)
@@ -338,12 +339,23 @@ def test_daemonset_without_pod_resources_has_no_host_path() -> None:
     assert env_of(daemonset)["GPULEDGER_PODRESOURCES_SOCKET"] == ""
 
 
-def test_resources_are_empty_by_default_and_priority_class_is_optional() -> None:
+# docs/install.md, "Resources": measured by benchmarks/rss_serve.py (steady) and
+# benchmarks/hostile_memory.py (the worst answers each source may be sent).
+DEFAULT_RESOURCES = {
+    "DaemonSet": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "384Mi"}},
+    "Deployment": {"requests": {"cpu": "50m", "memory": "192Mi"}, "limits": {"memory": "512Mi"}},
+}
+
+
+def test_resources_default_to_the_measured_budget_and_priority_class_is_optional() -> None:
     manifests = render()
-    for kind in ("DaemonSet", "Deployment"):
+    for kind, resources in DEFAULT_RESOURCES.items():
         workload = one(manifests, kind)
-        assert "resources" not in container(workload)
+        assert container(workload)["resources"] == resources  # no CPU limit: no throttling
         assert "priorityClassName" not in pod_spec(workload)
+    cleared = render(sets=["node.resources=null", "cluster.resources=null"])
+    for kind in DEFAULT_RESOURCES:
+        assert "resources" not in container(one(cleared, kind))
     daemonset = one(render("kube-prometheus-stack-values.yaml"), "DaemonSet")
     assert pod_spec(daemonset)["priorityClassName"] == "system-node-critical"
     assert container(daemonset)["resources"]["requests"]["memory"]
