@@ -8,6 +8,7 @@ peak (`VmHWM`), and the CPU one cycle costs. Servers and measurer never share a 
 so the body the server holds is not counted.
 
     .venv/bin/python benchmarks/hostile_memory.py [--cycles 8] [--only ray-empty-objects ...]
+    .venv/bin/python benchmarks/hostile_memory.py --combined 40   # a real serve, at once
 
 Ray cases answer every state API path with the same body; vLLM cases answer all eight
 engine targets (the scraper's workers) with it, so a figure is the worst one source meets.
@@ -316,9 +317,50 @@ def run_case(case: str, cycles: int) -> dict[str, Any]:
         server.wait()
 
 
+def combined(seconds: float) -> dict[str, Any]:
+    """A real `gpuledger serve` (node mode, --interval 1) whose Ray dashboard and eight
+    vLLM engines send the worst answers within their bounds, every cycle, at once (the two
+    sources run in the same stage; Serve runs after Ray, never beside it)."""
+    me = [sys.executable, str(Path(__file__).resolve())]
+    servers = [
+        subprocess.Popen([*me, "--serve", case], stdout=subprocess.PIPE, text=True)
+        for case in ("ray-strings-at-budget", "vllm-wanted-at-bound")
+    ]
+    try:
+        ray, vllm = (int(s.stdout.readline()) for s in servers if s.stdout is not None)
+        command = [
+            sys.executable, "-m", "gpuledger", "serve", "--listen", "127.0.0.1:0",
+            "--interval", "1", "--kubernetes", "off", "--podresources-socket", "",
+            "--nvml-library", "/nonexistent/libnvidia-ml.so.1", "--proc-root", "/nonexistent",
+            "--ray-address", f"http://127.0.0.1:{ray}", "--log-level", "error",
+            *[a for i in range(ENGINES) for a in ("--vllm-target", f"http://127.0.0.1:{vllm}/{i}")],
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter")}
+        agent = subprocess.Popen(command, env=env)
+        try:
+            time.sleep(seconds)
+            fields = {
+                k: int(v.split()[0]) / 1024
+                for k, v in (
+                    line.split(":", 1)
+                    for line in Path(f"/proc/{agent.pid}/status").read_text().splitlines()
+                )
+                if k in ("VmRSS", "VmHWM")
+            }
+        finally:
+            agent.terminate()
+            agent.wait(30)
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+    return {"case": "combined", "seconds": seconds, **{k: round(v, 1) for k, v in fields.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cycles", type=int, default=8)
+    parser.add_argument("--combined", type=float, metavar="SECONDS", default=None)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--measure", help=argparse.SUPPRESS)
@@ -329,6 +371,9 @@ def main() -> None:
         return
     if args.measure:
         print(json.dumps(measure(args.measure, args.url, args.cycles)))
+        return
+    if args.combined is not None:
+        print(json.dumps(combined(args.combined)))
         return
     for case in args.only or list(CASES):
         result = run_case(case, args.cycles)
