@@ -13,7 +13,7 @@
 // and engine alerts only fire while the workload is in their stage, a workload is in one
 // stage at a time (exporter/gpuledger/stages.json: pending_placement > starting > routing >
 // engine_queueing > ...), and an engine alert fires only for an engine whose reason
-// (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max) is the
+// (node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max) is the
 // alert's: what `gpuledger explain` says.
 // Those alerts take their `layer` from their stage in stages.json.
 // `runbook_url` is added to every alert in one place: add-runbook-links.libsonnet.
@@ -22,11 +22,13 @@
   local sel = c.gpuledgerSelector,
   local cl = c.clusterLabel,
   local wkey = '%s, namespace, workload' % cl,
-  local ekey = '%s, node, namespace, workload, pod, pod_uid, model_name, engine' % cl,
+  // An engine: one scrape target, model and data-parallel rank (docs/design.md, identity
+  // rule 6). `target` keeps two engines of one pod (two targets, same model and rank) apart.
+  local ekey = '%s, node, namespace, workload, pod, pod_uid, model_name, target, engine' % cl,
 
   // `namespace/workload`, or only `workload` for namespace-less Ray series.
   local workloadText = '{{ with $labels.namespace }}{{ . }}/{{ end }}{{ $labels.workload }}',
-  local engineText = 'engine {{ $labels.engine }} (model {{ $labels.model_name }}) in pod {{ $labels.namespace }}/{{ $labels.pod }} of workload {{ $labels.workload }}',
+  local engineText = 'engine {{ $labels.engine }} (model {{ $labels.model_name }}, target {{ $labels.target }}) in pod {{ $labels.namespace }}/{{ $labels.pod }} of workload {{ $labels.workload }}',
   local stageOf(name) = [s for s in $._stages.stages if s.stage == name][0],
   local inStage(stage) = std.rstripChars(|||
     and on (%(wkey)s)
@@ -37,7 +39,7 @@
     local reasons = stageOf('engine_queueing').reasons;
     std.rstripChars(|||
       and on (%(ekey)s)
-      (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max == %(rank)d)
+      (node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max == %(rank)d)
     ||| % { ekey: ekey, rank: std.length(reasons) - std.find(reason, reasons)[0] }, '\n'),
   // The device an alert names: a GPU, or a MIG device of one.
   local deviceText = '{{ if $labels.parent_gpu_uuid }}MIG device {{ $labels.gpu_uuid }} of GPU {{ $labels.parent_gpu_uuid }}{{ else }}GPU {{ $labels.gpu_uuid }}{{ end }}',
@@ -185,7 +187,7 @@
                 (
                   max by (%(ekey)s) (gpuledger_engine_gpus{%(sel)s, state="in_use"})
                   or
-                  node_namespace_workload_pod_engine:gpuledger_ray_worker_gpus:count
+                  node_namespace_workload_pod_target_engine:gpuledger_ray_worker_gpus:count
                 )
                 != on (%(ekey)s)
                 max by (%(ekey)s) (gpuledger_engine_gpus{%(sel)s, state="configured"})

@@ -6,7 +6,9 @@
 // `gpuledger.deprecated_aliases`, records every old name from its new one: the same series
 // with the same labels and values, one evaluation later at most (Prometheus runs groups
 // independently). Nothing of the mixin reads them; they keep your own dashboards, alerts and
-// queries working while you move them to the new names.
+// queries working while you move them to the new names. The per-engine ones
+// (gpuledger:engine_*) now carry `target` too, as every engine series does: an engine is one
+// scrape target, model and data-parallel rank.
 //
 // The group and the setting will be removed in the next release.
 local renamed = [
@@ -23,12 +25,12 @@ local renamed = [
   ['gpuledger:workload_requests_waiting_by_reason:sum', 'namespace_workload_reason:gpuledger_engine_requests_waiting_by_reason:sum'],
   ['gpuledger:workload_kv_cache_usage:max', 'namespace_workload:gpuledger_engine_kv_cache_usage_ratio:max'],
   ['gpuledger:workload_preemptions:rate5m', 'namespace_workload:gpuledger_engine_preemptions:rate5m'],
-  ['gpuledger:engine_queueing:max', 'node_namespace_workload_pod_engine:gpuledger_engine_queueing:max'],
-  ['gpuledger:engine_at_max_num_seqs:max', 'node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max'],
-  ['gpuledger:engine_headroom:max', 'node_namespace_workload_pod_engine:gpuledger_engine_headroom:max'],
+  ['gpuledger:engine_queueing:max', 'node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max'],
+  ['gpuledger:engine_at_max_num_seqs:max', 'node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max'],
+  ['gpuledger:engine_headroom:max', 'node_namespace_workload_pod_target_engine:gpuledger_engine_headroom:max'],
   ['gpuledger:workload_engines_queueing:count', 'namespace_workload:gpuledger_engine_queueing:sum'],
   ['gpuledger:workload_engines_with_headroom:count', 'namespace_workload:gpuledger_engine_headroom:sum'],
-  ['gpuledger:engine_queue_reason_rank:max', 'node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max'],
+  ['gpuledger:engine_queue_reason_rank:max', 'node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max'],
   ['gpuledger:workload_routing_imbalance:count', 'namespace_workload:gpuledger_routing_imbalance:sum'],
   ['gpuledger:workloads:group', 'namespace_workload:gpuledger_workloads:group'],
   ['gpuledger:workload_stage_reason_code:max', 'namespace_workload:gpuledger_stage_reason_code:max'],
@@ -40,7 +42,7 @@ local renamed = [
 // Recording rules added since the rename: they never had an old name.
 local added = [
   'namespace_workload_application_deployment:gpuledger_serve_router_queued_requests:sum',
-  'node_namespace_workload_pod_engine:gpuledger_ray_worker_gpus:count',
+  'node_namespace_workload_pod_target_engine:gpuledger_ray_worker_gpus:count',
 ];
 
 {

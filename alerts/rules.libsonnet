@@ -2,7 +2,7 @@
 //   level       the labels the result keeps, `cluster` left implicit: namespace_workload
 //               (+ _reason, _kind, _scheduling_state, _stage, _stage_reason,
 //               _application_deployment for the extra labels),
-//               node_namespace_workload_pod_engine (an engine; pod_uid and
+//               node_namespace_workload_pod_target_engine (an engine; pod_uid and
 //               model_name ride along), node_namespace_pod (a pod; pod_uid rides along);
 //   metric      the gpuledger_* metric aggregated, with the value of a fixed selector
 //               appended (`gpuledger_engine_requests{state="waiting"}` ->
@@ -13,7 +13,9 @@
 // convention, which alerts/aliases.libsonnet still records for one release.
 //
 // Workload identity is (cluster, namespace, workload). Engine identity adds node, pod,
-// pod_uid, model_name and engine (the vLLM data-parallel rank). Ray series from the
+// pod_uid, model_name, target (the scraped host:port[/path]) and engine (the vLLM
+// data-parallel rank): one scrape target, model and DP rank (docs/design.md, identity
+// rule 6), so two targets of one pod, or of no pod, stay two engines. Ray series from the
 // cluster-mode exporter may lack `namespace`: they aggregate to a key without it, and
 // the stage broadcasts them to every namespace that has a workload of that name.
 //
@@ -24,7 +26,7 @@
   local sel = c.gpuledgerSelector,
   local cl = c.clusterLabel,
   local wkey = '%s, namespace, workload' % cl,
-  local ekey = '%s, node, namespace, workload, pod, pod_uid, model_name, engine' % cl,
+  local ekey = '%s, node, namespace, workload, pod, pod_uid, model_name, target, engine' % cl,
   local pkey = '%s, node, namespace, pod, pod_uid' % cl,
 
   // Series that name a workload and always carry its namespace: the workloads that
@@ -112,7 +114,7 @@
       ['imbalance', 'namespace_workload:gpuledger_routing_imbalance:sum > 0', wkey],
     ],
     engine_queueing: [
-      [r, 'max by (%s) (node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max) == %d' % [wkey, rank('engine_queueing', r)], wkey]
+      [r, 'max by (%s) (node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max) == %d' % [wkey, rank('engine_queueing', r)], wkey]
       for r in stageOf('engine_queueing').reasons
     ],
     serving: [[null, 'namespace_workload:gpuledger_engine_requests_running:sum > 0', wkey]],
@@ -143,7 +145,7 @@
       max by (%(ekey)s) (gpuledger_engine_requests_waiting_by_reason{%(sel)s, reason="capacity"}) > 0
     ||| % { ekey: ekey, sel: sel },
     max_num_seqs: |||
-      node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max == 1
+      node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max == 1
       and on (%(ekey)s)
       max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s}) < %(headroom)g
     ||| % { ekey: ekey, sel: sel, headroom: c.kvCacheHeadroomRatio },
@@ -238,7 +240,7 @@
           },
           // Per engine, 0/1 for every engine that is up: requests wait in it.
           {
-            record: 'node_namespace_workload_pod_engine:gpuledger_engine_queueing:max',
+            record: 'node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max',
             expr: |||
               max by (%(ekey)s) (
                 gpuledger_engine_requests{%(sel)s, state="waiting"} >= bool %(minWaiting)d
@@ -251,7 +253,7 @@
           // batch cannot grow. 0 where --max-num-seqs is not set (the exporter does not
           // guess vLLM's version- and hardware-dependent default).
           {
-            record: 'node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max',
+            record: 'node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max',
             expr: |||
               max by (%(ekey)s) (gpuledger_engine_requests{%(sel)s, state="running"})
               >= bool on (%(ekey)s)
@@ -263,40 +265,40 @@
           // Per engine, 0/1 for every engine that is up: it could take more requests now
           // (nothing waits, KV cache below the headroom ratio, below max_num_seqs).
           {
-            record: 'node_namespace_workload_pod_engine:gpuledger_engine_headroom:max',
+            record: 'node_namespace_workload_pod_target_engine:gpuledger_engine_headroom:max',
             expr: |||
               (
-                node_namespace_workload_pod_engine:gpuledger_engine_queueing:max == 0
+                node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max == 0
                 and on (%(ekey)s)
                 (max by (%(ekey)s) (gpuledger_engine_kv_cache_usage_ratio{%(sel)s}) < %(headroom)g)
                 unless on (%(ekey)s)
-                (node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max == 1)
+                (node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max == 1)
               ) * 0 + 1
               or
-              node_namespace_workload_pod_engine:gpuledger_engine_queueing:max * 0
+              node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max * 0
             ||| % { ekey: ekey, sel: sel, headroom: c.kvCacheHeadroomRatio },
           },
           {
             record: 'namespace_workload:gpuledger_engine_queueing:sum',
             expr: |||
-              sum by (%(wkey)s) (node_namespace_workload_pod_engine:gpuledger_engine_queueing:max)
+              sum by (%(wkey)s) (node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max)
             ||| % { wkey: wkey },
           },
           {
             record: 'namespace_workload:gpuledger_engine_headroom:sum',
             expr: |||
-              sum by (%(wkey)s) (node_namespace_workload_pod_engine:gpuledger_engine_headroom:max)
+              sum by (%(wkey)s) (node_namespace_workload_pod_target_engine:gpuledger_engine_headroom:max)
             ||| % { wkey: wkey },
           },
           // Per queueing engine: the rank (stages.json order, strongest highest) of the
           // strongest engine_queueing reason that holds for it.
           {
-            record: 'node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max',
+            record: 'node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max',
             expr: 'max by (%s) (\n%s\n)\n' % [ekey, indent(std.join('\nor\n', [
               local cond = engineReasonCondition[r];
               if cond == null
-              then '%d * (node_namespace_workload_pod_engine:gpuledger_engine_queueing:max == 1)' % rank('engine_queueing', r)
-              else '%d * (\n  node_namespace_workload_pod_engine:gpuledger_engine_queueing:max == 1\n  and on (%s)\n  (\n%s\n  )\n)' % [rank('engine_queueing', r), ekey, indent(cond, 4)]
+              then '%d * (node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max == 1)' % rank('engine_queueing', r)
+              else '%d * (\n  node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max == 1\n  and on (%s)\n  (\n%s\n  )\n)' % [rank('engine_queueing', r), ekey, indent(cond, 4)]
               // `or` keeps the first present per engine: strongest first.
               for r in stageOf('engine_queueing').reasons
             ]), 2)],
@@ -399,7 +401,7 @@
           // engine on (ray_job_id, ray_driver_node_id); only while every worker Ray lists
           // ALIVE is reported by a node agent (an agent that is down makes it unknown).
           {
-            record: 'node_namespace_workload_pod_engine:gpuledger_ray_worker_gpus:count',
+            record: 'node_namespace_workload_pod_target_engine:gpuledger_ray_worker_gpus:count',
             expr: |||
               max by (%(ekey)s) (
                 max by (%(ekey)s) (

@@ -8,8 +8,12 @@ local g = import 'lib.libsonnet';
     local wl = ['namespace=~"$namespace"', 'workload=~"$workload"'],
     local R(m=[]) = g.selector(c, wl + m),
     local W = g.selector(c, wl, raw=false),
-    local engineKey = 'namespace, workload, pod, model_name, engine',
-    local legend = '{{namespace}}/{{pod}} engine {{engine}}',
+    // An engine is one scrape target, model and data-parallel rank (docs/design.md, identity
+    // rule 6): two targets of one pod serving the same model are two engines, and two lines.
+    // `node` too: a target without a pod (--vllm-target localhost:8000) can repeat on nodes.
+    local engineKey = 'node, namespace, workload, pod, target, model_name, engine',
+    local by = 'node, namespace, pod, target, model_name, engine',
+    local legend = '{{namespace}}/{{pod}} engine {{engine}} ({{target}})',
     local configLabels = 'tensor_parallel_size, pipeline_parallel_size, data_parallel_size, max_num_seqs, num_gpu_blocks, block_size',
     // A per-engine series with the engine's configuration labels joined on.
     local withConfig(series) = |||
@@ -54,21 +58,21 @@ local g = import 'lib.libsonnet';
               "Requests in each engine's running batch, and its max_num_seqs (where the flag is set): the batch never grows past it.",
               'short',
               [
-                g.target('sum by (namespace, pod, engine) (gpuledger_engine_requests%s)' % R(['state="running"']), legend),
-                g.target('max by (namespace, pod, engine) (gpuledger_engine_max_num_seqs%s)' % R(), legend + ' max_num_seqs'),
+                g.target('sum by (%s) (gpuledger_engine_requests%s)' % [by, R(['state="running"'])], legend),
+                g.target('max by (%s) (gpuledger_engine_max_num_seqs%s)' % [by, R()], legend + ' max_num_seqs'),
               ],
             ),
             g.timeseries(
               'Requests waiting',
               'Requests queued inside each engine.',
               'short',
-              [g.target('sum by (namespace, pod, engine) (gpuledger_engine_requests%s)' % R(['state="waiting"']), legend)],
+              [g.target('sum by (%s) (gpuledger_engine_requests%s)' % [by, R(['state="waiting"'])], legend)],
             ),
             g.timeseries(
               'Requests waiting, by reason',
               'capacity: no room in the batch; deferred: held by a transient constraint (LoRA budget, KV transfer). vLLM 0.20 and later.',
               'short',
-              [g.target('sum by (namespace, pod, engine, reason) (gpuledger_engine_requests_waiting_by_reason%s)' % R(), legend + ' {{reason}}')],
+              [g.target('sum by (%s, reason) (gpuledger_engine_requests_waiting_by_reason%s)' % [by, R()], legend + ' {{reason}}')],
               stack=true,
             ),
           ],
@@ -81,7 +85,7 @@ local g = import 'lib.libsonnet';
               'KV-cache usage',
               "Fraction of each engine's KV-cache blocks in use. Dashed lines: the headroom and pressure thresholds of the alerts.",
               'percentunit',
-              [g.target('max by (namespace, pod, engine) (gpuledger_engine_kv_cache_usage_ratio%s)' % R(), legend)],
+              [g.target('max by (%s) (gpuledger_engine_kv_cache_usage_ratio%s)' % [by, R()], legend)],
               max=1,
               thresholds=[[c.kvCacheHeadroomRatio, 'yellow'], [c.kvCachePressureRatio, 'red']],
             ),
@@ -89,7 +93,7 @@ local g = import 'lib.libsonnet';
               'Preemptions',
               'Requests preempted per second: the KV cache ran out mid-generation and their work is recomputed.',
               'ops',
-              [g.target('sum by (namespace, pod, engine) (rate(gpuledger_engine_preemptions_total%s[$__rate_interval]))' % R(), legend)],
+              [g.target('sum by (%s) (rate(gpuledger_engine_preemptions_total%s[$__rate_interval]))' % [by, R()], legend)],
             ),
           ],
         },
@@ -100,19 +104,19 @@ local g = import 'lib.libsonnet';
             g.stateTimeline(
               'Engine up',
               'Whether the last scrape of each engine succeeded.',
-              [g.target('max by (namespace, pod, engine) (gpuledger_engine_up%s)' % R(), legend)],
+              [g.target('max by (%s) (gpuledger_engine_up%s)' % [by, R()], legend)],
               [[1, 'up', 'green'], [0, 'down', 'red']],
             ),
             g.stateTimeline(
               'Engine queueing',
-              'Whether requests wait in each engine (node_namespace_workload_pod_engine:gpuledger_engine_queueing:max).',
-              [g.target('max by (namespace, pod, engine) (node_namespace_workload_pod_engine:gpuledger_engine_queueing:max%s)' % W, legend)],
+              'Whether requests wait in each engine (node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max).',
+              [g.target('max by (%s) (node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max%s)' % [by, W], legend)],
               [[1, 'queueing', 'yellow'], [0, 'not queueing', 'green']],
             ),
             g.stateTimeline(
               'Engine at max_num_seqs',
-              'Whether the engine runs exactly max_num_seqs requests (node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max): the batch cannot grow.',
-              [g.target('max by (namespace, pod, engine) (node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max%s)' % W, legend)],
+              'Whether the engine runs exactly max_num_seqs requests (node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max): the batch cannot grow.',
+              [g.target('max by (%s) (node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max%s)' % [by, W], legend)],
               [[1, 'at max_num_seqs', 'orange'], [0, 'below', 'green']],
             ),
           ],
@@ -123,7 +127,7 @@ local g = import 'lib.libsonnet';
           panels: [
             g.table(
               'Configuration and GPUs',
-              'Per engine: parallelism, max_num_seqs and KV-cache blocks from its configuration; GPUs it needs (tensor_parallel_size x pipeline_parallel_size) and GPUs its processes hold (NVML). The two should be equal.',
+              'Per engine (scrape target, model, data-parallel rank): parallelism, max_num_seqs and KV-cache blocks from its configuration; GPUs it needs (tensor_parallel_size x pipeline_parallel_size) and GPUs its processes hold (NVML). The two should be equal.',
               'short',
               [
                 g.target(withConfig('gpuledger_engine_gpus%s' % R(['state="configured"'])) % { k: engineKey, R: R() }),
@@ -132,6 +136,7 @@ local g = import 'lib.libsonnet';
               [
                 ['namespace', 'Namespace'],
                 ['pod', 'Pod'],
+                ['target', 'Target'],
                 ['model_name', 'Model'],
                 ['engine', 'Engine'],
                 ['tensor_parallel_size', 'TP'],
@@ -148,8 +153,8 @@ local g = import 'lib.libsonnet';
               'GPUs held by engine processes',
               "Each GPU an engine's processes hold a context on, with the process role and rank.",
               'short',
-              [g.target('max by (namespace, pod, engine, role, rank, gpu_uuid) (gpuledger_engine_gpu_info%s)' % R())],
-              [['namespace', 'Namespace'], ['pod', 'Pod'], ['engine', 'Engine'], ['role', 'Role'], ['rank', 'Rank'], ['gpu_uuid', 'GPU UUID']],
+              [g.target('max by (%s, role, rank, gpu_uuid) (gpuledger_engine_gpu_info%s)' % [by, R()])],
+              [['namespace', 'Namespace'], ['pod', 'Pod'], ['target', 'Target'], ['engine', 'Engine'], ['role', 'Role'], ['rank', 'Rank'], ['gpu_uuid', 'GPU UUID']],
             ),
           ],
         },

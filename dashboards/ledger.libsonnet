@@ -186,10 +186,10 @@ local g = import 'lib.libsonnet';
             ),
             g.table(
               'Engine processes to GPUs',
-              'Which GPUs the processes of each vLLM engine hold (engine core and workers, by rank).',
+              'Which GPUs the processes of each vLLM engine (scrape target and data-parallel rank) hold (engine core and workers, by rank).',
               'short',
-              [g.target('max by (node, namespace, pod, engine, role, rank, gpu_uuid) (gpuledger_engine_gpu_info%s)' % S([node, gpu, ns]))],
-              [['node', 'Node'], ['namespace', 'Namespace'], ['pod', 'Pod'], ['engine', 'Engine'], ['role', 'Role'], ['rank', 'Rank'], ['gpu_uuid', 'GPU UUID']],
+              [g.target('max by (node, namespace, pod, target, engine, role, rank, gpu_uuid) (gpuledger_engine_gpu_info%s)' % S([node, gpu, ns]))],
+              [['node', 'Node'], ['namespace', 'Namespace'], ['pod', 'Pod'], ['target', 'Target'], ['engine', 'Engine'], ['role', 'Role'], ['rank', 'Rank'], ['gpu_uuid', 'GPU UUID']],
             ),
             g.table(
               'GPUs allocated per pod',

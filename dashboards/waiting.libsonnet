@@ -201,9 +201,9 @@ local g = import 'lib.libsonnet';
             ),
             g.timeseries(
               'Requests waiting per engine',
-              'Waiting requests of every engine: sticky routing shows as one line high while its siblings stay at 0.',
+              'Waiting requests of every engine (one scrape target, model and data-parallel rank): sticky routing shows as one line high while its siblings stay at 0.',
               'short',
-              [g.target('sum by (namespace, pod, engine) (gpuledger_engine_requests%s)' % R(['state="waiting"']), '{{namespace}}/{{pod}} engine {{engine}}')],
+              [g.target('sum by (node, namespace, pod, target, model_name, engine) (gpuledger_engine_requests%s)' % R(['state="waiting"']), '{{namespace}}/{{pod}} engine {{engine}} ({{target}})')],
             ),
           ],
         },

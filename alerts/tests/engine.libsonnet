@@ -3,8 +3,17 @@ local f = import 'fixtures.libsonnet';
 local t = import 'lib.libsonnet';
 local c = t.config;
 
-local engineText(pod, workload='chat', model='llama-3-8b') =
-  'engine 0 (model %s) in pod ml/%s of workload %s' % [model, pod, workload];
+local engineText(pod, workload='chat', model='llama-3-8b', target=null) =
+  'engine 0 (model %s, target %s) in pod ml/%s of workload %s'
+  % [model, if target == null then pod + ':8000' else target, pod, workload];
+
+// One pod, two scrape targets (two API servers, or two endpoints of one), serving the same
+// model at the same data-parallel rank: two engines, told apart by `target` only.
+local targetA = '10.42.0.7:8000';
+local targetB = '10.42.0.7:8001';
+local twoTargetKey(target) = f.engineKey('chat-a', target=target);
+local twoTargetSeries(rule, target) =
+  rule + '{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",target="%s",workload="chat"}' % target;
 
 {
   // Shared with paired.jsonnet: the same engines, with and without a placement problem.
@@ -94,8 +103,8 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       fires=$.maxNumSeqsAlerts,
       stages={ 'ml/chat': 'engine_queueing:max_num_seqs' },
       exprs=[
-        t.expr('node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max', {
-          ['node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="%s",pod_uid="uid-%s",workload="chat"}' % [p, p]]: 1
+        t.expr('node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max', {
+          ['node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="%s",pod_uid="uid-%s",target="%s:8000",workload="chat"}' % [p, p, p]]: 1
           for p in ['chat-a', 'chat-b']
         }),
       ],
@@ -116,8 +125,8 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       f.engine('chat-a', waiting=4, running=8, kv=0.4, maxNumSeqs=8, deferred=4, gpus=['GPU-a']),
       stages={ 'ml/chat': 'engine_queueing:deferred' },
       exprs=[
-        t.expr('node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max', {
-          'node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",workload="chat"}': 3,
+        t.expr('node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max', {
+          'node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",target="chat-a:8000",workload="chat"}': 3,
         }),
       ],
     ),
@@ -131,8 +140,8 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
         t.expr('namespace_workload:gpuledger_engine_queueing:sum', { 'namespace_workload:gpuledger_engine_queueing:sum{namespace="ml",workload="chat"}': 1 }),
         t.expr('namespace_workload:gpuledger_engine_headroom:sum', { 'namespace_workload:gpuledger_engine_headroom:sum{namespace="ml",workload="chat"}': 1 }),
         t.expr('namespace_workload:gpuledger_routing_imbalance:sum', { 'namespace_workload:gpuledger_routing_imbalance:sum{namespace="ml",workload="chat"}': 1 }),
-        t.expr('node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max{pod="chat-a"}', {
-          'node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",workload="chat"}': 1,
+        t.expr('node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max{pod="chat-a"}', {
+          'node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max{engine="0",model_name="llama-3-8b",namespace="ml",node="gpu-node-1",pod="chat-a",pod_uid="uid-chat-a",target="chat-a:8000",workload="chat"}': 1,
         }),
       ],
     ),
@@ -146,6 +155,58 @@ local engineText(pod, workload='chat', model='llama-3-8b') =
       stages={ 'ml/chat': 'engine_queueing:max_num_seqs' },
       exprs=[
         t.expr('namespace_workload:gpuledger_routing_imbalance:sum', { 'namespace_workload:gpuledger_routing_imbalance:sum{namespace="ml",workload="chat"}': 0 }),
+      ],
+    ),
+
+    // Both engines of chat-a at their own max_num_seqs (8 and 16) with KV headroom: two
+    // alerts, each with its engine's max_num_seqs. Keyed without `target` they would be one
+    // engine, and gpuledger_engine_config_info's two max_num_seqs could not join one-to-one.
+    t.scenario(
+      'two engines of one pod on two targets (same model, same rank): two engines',
+      f.engine('chat-a', target=targetA, waiting=5, running=8, kv=0.4, maxNumSeqs=8, gpus=['GPU-a'])
+      + f.engine('chat-a', target=targetB, waiting=3, running=16, kv=0.45, maxNumSeqs=16, gpus=['GPU-b']),
+      fires=[
+        t.alert(
+          'GpuLedgerEngineQueueingAtMaxNumSeqs',
+          twoTargetKey(x.target) { max_num_seqs: std.toString(x.seqs) },
+          '%d request(s) have been waiting in %s for %s while it runs max_num_seqs=%d requests and its KV cache is below %g%%: the max_num_seqs setting, not memory, bounds the batch, and no sibling engine has headroom.'
+          % [x.waiting, engineText('chat-a', target=x.target), c.engineMaxNumSeqsFor, x.seqs, c.kvCacheHeadroomRatio * 100],
+        )
+        for x in [{ target: targetA, waiting: 5, seqs: 8 }, { target: targetB, waiting: 3, seqs: 16 }]
+      ],
+      stages={ 'ml/chat': 'engine_queueing:max_num_seqs' },
+      exprs=[
+        t.expr('node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max', {
+          [twoTargetSeries('node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max', target)]: 1
+          for target in [targetA, targetB]
+        }),
+        t.expr('namespace_workload:gpuledger_engine_queueing:sum', { 'namespace_workload:gpuledger_engine_queueing:sum{namespace="ml",workload="chat"}': 2 }),
+      ],
+    ),
+
+    // One of chat-a's two engines queues, the other idles: a routing problem between two
+    // engines of one pod. Merged into one engine they would queue at max_num_seqs instead.
+    t.scenario(
+      'two engines of one pod on two targets, one queueing, one idle: routing',
+      f.engine('chat-a', target=targetA, waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'])
+      + f.engine('chat-a', target=targetB, waiting=0, running=1, kv=0.05, maxNumSeqs=8, gpus=['GPU-b']),
+      fires=[
+        t.alert(
+          'GpuLedgerRoutingImbalance',
+          { namespace: 'ml', workload: 'chat' },
+          '1 engine(s) of workload ml/chat have had requests waiting for %s while 1 sibling engine(s) have headroom: requests are not spread over the replicas.' % c.routingImbalanceFor,
+        ),
+      ],
+      stages={ 'ml/chat': 'routing:imbalance' },
+      exprs=[
+        t.expr('node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max', {
+          [twoTargetSeries('node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max', targetA)]: 1,
+          [twoTargetSeries('node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max', targetB)]: 0,
+        }),
+        t.expr('node_namespace_workload_pod_target_engine:gpuledger_engine_headroom:max', {
+          [twoTargetSeries('node_namespace_workload_pod_target_engine:gpuledger_engine_headroom:max', targetA)]: 0,
+          [twoTargetSeries('node_namespace_workload_pod_target_engine:gpuledger_engine_headroom:max', targetB)]: 1,
+        }),
       ],
     ),
 

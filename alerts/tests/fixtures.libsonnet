@@ -10,18 +10,21 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
   nodeExporter:: nodeExporter,
   clusterExporter:: clusterExporter,
 
-  // The labels that identify an engine on alerts (no job/instance: rules aggregate them away).
-  engineKey(pod, namespace='ml', workload='chat', engine='0', model='llama-3-8b'):: {
+  // The labels that identify an engine on alerts (no job/instance: rules aggregate them away):
+  // one scrape target, model and data-parallel rank. target=null: the pod's <pod>:8000.
+  engineKey(pod, namespace='ml', workload='chat', engine='0', model='llama-3-8b', target=null):: {
     node: nodeExporter.node,
     namespace: namespace,
     workload: workload,
     pod: pod,
     pod_uid: 'uid-' + pod,
     model_name: model,
+    target: if target == null then pod + ':8000' else target,
     engine: engine,
   },
 
-  // One vLLM engine (a data-parallel rank `engine` of the API server in `pod`).
+  // One vLLM engine (a data-parallel rank `engine` of the API server in `pod`, scraped at
+  // `target`: <pod>:8000 unless given).
   // gpus: GPU UUIDs its processes hold (gpuledger_engine_gpu_info, gpus{state="in_use"});
   // maxNumSeqs=null: --max-num-seqs not set. deferred: how many of the waiting requests the
   // engine defers (waiting_by_reason); the others wait for capacity.
@@ -39,8 +42,9 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
          pp=1,
          gpus=[],
          preemptionsPerMinute=0,
-         deferred=0)::
-    local key = nodeExporter + $.engineKey(pod, namespace, workload, engine, model);
+         deferred=0,
+         target=null)::
+    local key = nodeExporter + $.engineKey(pod, namespace, workload, engine, model, target);
     [
       t.gauge('gpuledger_engine_up', key, up),
       t.gauge('gpuledger_engine_config_info', key {

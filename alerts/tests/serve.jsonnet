@@ -12,7 +12,7 @@ local engines(waiting, kv) = std.flattenArrays([
   f.engine(pod, namespace='ray', workload='serve-llm', waiting=waiting, running=8, kv=kv, maxNumSeqs=256, gpus=['GPU-' + pod])
   for pod in ['serve-llm-worker-a', 'serve-llm-worker-b']
 ]);
-local engineText(pod) = 'engine 0 (model llama-3-8b) in pod ray/%s of workload serve-llm' % pod;
+local engineText(pod) = 'engine 0 (model llama-3-8b, target %s:8000) in pod ray/%s of workload serve-llm' % [pod, pod];
 
 t.file([
   // 30 requests wait at the proxy's router; the replicas run one each and their engines

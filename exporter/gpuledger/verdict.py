@@ -141,21 +141,21 @@ def _max_num_seqs(engine: Doc) -> int | None:
 
 
 def at_max_num_seqs(engine: Doc) -> bool:
-    """node_namespace_workload_pod_engine:gpuledger_engine_at_max_num_seqs:max: False where
-    --max-num-seqs is not set."""
+    """node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max:
+    False where --max-num-seqs is not set."""
     limit = _max_num_seqs(engine)
     return limit is not None and _running(engine) >= limit
 
 
 def queueing(engine: Doc, t: Thresholds) -> bool:
-    """node_namespace_workload_pod_engine:gpuledger_engine_queueing:max: an engine that is up
-    has enough requests waiting."""
+    """node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max: an engine
+    that is up has enough requests waiting."""
     return bool(engine.get("up")) and _waiting(engine) >= t.queueing_min_waiting
 
 
 def has_headroom(engine: Doc, t: Thresholds) -> bool:
-    """node_namespace_workload_pod_engine:gpuledger_engine_headroom:max: up, not queueing, KV
-    cache below the headroom ratio, below max_num_seqs."""
+    """node_namespace_workload_pod_target_engine:gpuledger_engine_headroom:max: up, not
+    queueing, KV cache below the headroom ratio, below max_num_seqs."""
     kv = _kv(engine)
     return (
         bool(engine.get("up"))
@@ -184,7 +184,7 @@ def _bound_by_max_num_seqs(engine: Doc, t: Thresholds) -> bool:
 
 # Why a queueing engine queues, per reason of the engine_queueing stage (their order is in
 # stages.json): the conditions of
-# node_namespace_workload_pod_engine:gpuledger_engine_queue_reason_rank:max.
+# node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max.
 ENGINE_QUEUE_REASONS: dict[str, Callable[[Doc, Thresholds], bool]] = {
     "kv_cache": _kv_pressure,
     "deferred": lambda e, _t: _deferred(e),

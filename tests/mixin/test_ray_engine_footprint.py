@@ -3,7 +3,7 @@
 Two node agents (`gpuledger simulate --once` of tests/fixtures/scenarios/ray-engine-node-a
 and -b: one Ray cluster, a TP 4 engine whose EngineCore and workers TP0, TP1 run on node a
 and workers TP2, TP3 on node b) scraped as constant series: the recording rule
-node_namespace_workload_pod_engine:gpuledger_ray_worker_gpus:count gives the engine 4 GPUs
+node_namespace_workload_pod_target_engine:gpuledger_ray_worker_gpus:count gives the engine 4 GPUs
 on 2 nodes against TP 4, GpuLedgerEngineParallelismMismatch fires when two workers share a
 GPU (3 GPUs), not when a node agent is missing (the count is then unknown), and the
 `promql ray-executor` queries of docs/promql.md answer as documented.
@@ -25,13 +25,24 @@ from tests.mixin.helpers import REPO, RULES, rule_groups, run, tool
 
 SCENARIOS = REPO / "tests" / "fixtures" / "scenarios"
 HORIZON = "45m"  # after every `for` of the mixin
-RULE = "node_namespace_workload_pod_engine:gpuledger_ray_worker_gpus:count"
+RULE = "node_namespace_workload_pod_target_engine:gpuledger_ray_worker_gpus:count"
 ENGINE = (
     'engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct",namespace="ray",'
     'node="gpu-node-a",pod="llama-head",pod_uid="ae000001-0000-4000-8000-000000000001",'
     'workload="llama"'
 )
 CLUSTER_UP = 'up{job="gpuledger-cluster",instance="10.0.0.5:9402"}'
+
+
+@functools.cache
+def engine() -> str:
+    """The engine's labels as the rule keeps them: ENGINE and its scrape `target` (an engine
+    is one target, model and data-parallel rank), whose port the simulator picks."""
+    for family in text_string_to_metric_families(exposition("a")):
+        for sample in family.samples:
+            if sample.name == "gpuledger_engine_ray_job_info":
+                return f'{ENGINE},target="{sample.labels["target"]}"'
+    raise AssertionError("node a reports no gpuledger_engine_ray_job_info")
 
 
 @functools.cache
@@ -94,7 +105,9 @@ def footprint(value: int | None) -> dict[str, Any]:
     return {
         "expr": RULE,
         "eval_time": HORIZON,
-        "exp_samples": [] if value is None else [{"labels": f"{RULE}{{{ENGINE}}}", "value": value}],
+        "exp_samples": []
+        if value is None
+        else [{"labels": f"{RULE}{{{engine()}}}", "value": value}],
     }
 
 
@@ -118,7 +131,7 @@ def test_engine_holds_4_gpus_on_2_nodes_against_tp_4(tmp_path: Path) -> None:
             {
                 "expr": ratio,
                 "eval_time": HORIZON,
-                "exp_samples": [{"labels": f"{{{ENGINE}}}", "value": 1}],
+                "exp_samples": [{"labels": f"{{{engine()}}}", "value": 1}],
             },
             {
                 "expr": where,

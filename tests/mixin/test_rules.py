@@ -61,7 +61,7 @@ _LEVELS = (
     "namespace_workload_stage",
     "namespace_workload_stage_reason",
     "namespace_workload_application_deployment",
-    "node_namespace_workload_pod_engine",
+    "node_namespace_workload_pod_target_engine",
     "node_namespace_pod",
 )
 _OPERATIONS = ("sum", "max", "count", "group", "rate5m", "onehot")
@@ -97,8 +97,9 @@ def test_recording_rule_names() -> None:
 
 def test_recording_rule_levels_name_the_labels_they_keep() -> None:
     """The level lists the labels the result keeps, `cluster` left implicit, and the
-    engine's and pod's `pod_uid` and `model_name` riding along."""
-    hierarchy = ("node", "namespace", "workload", "pod", "engine")
+    engine's and pod's `pod_uid` and `model_name` riding along. An engine is a scrape
+    `target` and a data-parallel rank `engine` in it (docs/design.md, identity rule 6)."""
+    hierarchy = ("node", "namespace", "workload", "pod", "target", "engine")
     riding = {config()["clusterLabel"], "pod_uid", "model_name"}
     for name in recording_names():
         level = name.split(":")[0]
