@@ -43,11 +43,31 @@
     ||| % { ekey: ekey, rank: std.length(reasons) - std.find(reason, reasons)[0] }, '\n'),
   // The device an alert names: a GPU, or a MIG device of one.
   local deviceText = '{{ if $labels.parent_gpu_uuid }}MIG device {{ $labels.gpu_uuid }} of GPU {{ $labels.parent_gpu_uuid }}{{ else }}GPU {{ $labels.gpu_uuid }}{{ end }}',
-  // Ledger alerts stay silent on a node where a source the ledger needs is down.
+  // Sources that are down: configured, and their last fetch failed. gpuledger_source_state
+  // (a state set: up, down, not_configured) tells a down source from one this exporter is
+  // not set up to read, which gpuledger_source_up reports as 0 too. An exporter without
+  // gpuledger_source_state (older versions) falls back to gpuledger_source_up == 0, with
+  // the condition `old` on top. `matchers` narrow every selector.
+  local indentBy(n, text) = std.join('\n', [std.repeat(' ', n) + l for l in std.split(text, '\n')]),
+  local sourcesDown(matchers, old='') =
+    local m = if matchers == '' then sel else sel + ', ' + matchers;
+    std.rstripChars(|||
+      max without (state) (gpuledger_source_state{%(m)s, state="down"} == 1)
+      or
+      (
+        gpuledger_source_up{%(m)s} == 0
+        unless on (%(cl)s, job, instance, source)
+        gpuledger_source_state{%(m)s}%(old)s
+      )
+    ||| % { cl: cl, m: m, old: if old == '' then '' else '\n' + indentBy(2, std.rstripChars(old, '\n')) }, '\n'),
+  // Ledger alerts stay silent on a node where a source the ledger needs is down (not where
+  // it is not configured).
   local ledgerSourcesUp = |||
     unless on (%(cl)s, node)
-    (gpuledger_source_up{%(sel)s, source=~"%(re)s"} == 0)
-  ||| % { cl: cl, sel: sel, re: c.ledgerSourcesRegex },
+    (
+    %(down)s
+    )
+  ||| % { cl: cl, down: indentBy(2, sourcesDown('source=~"%s"' % c.ledgerSourcesRegex)) },
 
   // GpuLedgerExporterDown, one condition per way of going blind: a target that fails; an
   // expected agent with no target at all; and, where kube-state-metrics is scraped, fewer
@@ -318,14 +338,15 @@
           },
           {
             alert: 'GpuLedgerSourceDown',
-            // A source that is not configured (no vLLM targets, no Ray address) is also
-            // reported 0, but never counts an error: a down source that has errors is
-            // one whose fetches fail.
-            expr: |||
-              gpuledger_source_up{%(sel)s} == 0
+            // Down: gpuledger_source_state{state="down"}. A source that is not configured
+            // (no vLLM targets, no Ray address) is state="not_configured" and never fires,
+            // though gpuledger_source_up reports it 0 as well. Exporters without
+            // gpuledger_source_state: source_up 0 with errors counted (a source that is not
+            // configured never counts one).
+            expr: sourcesDown('', old=|||
               and on (%(cl)s, job, instance, source)
               sum by (%(cl)s, job, instance, source) (gpuledger_source_errors_total{%(sel)s}) > 0
-            ||| % { cl: cl, sel: sel },
+            ||| % { cl: cl, sel: sel }) + '\n',
             'for': c.sourceDownFor,
             labels: { severity: 'warning', layer: 'exporter' },
             annotations: {

@@ -200,6 +200,47 @@ local g = import 'lib.libsonnet';
             ),
           ],
         },
+        {
+          // The state set gpuledger_source_state as one number per source: [value, color].
+          local sourceStates = { up: [1, 'green'], down: [0, 'red'], not_configured: [2, '#8e8e8e'] },
+          local sourceKey = 'job, node, source',
+          local sourceState = |||
+            max by (%(k)s) (gpuledger_source_state%(up)s)
+            + %(nc)d * max by (%(k)s) (gpuledger_source_state%(notConfigured)s)
+            or
+            max by (%(k)s) (gpuledger_source_up%(all)s)
+          ||| % {
+            k: sourceKey,
+            up: S([node, 'state="up"']),
+            nc: sourceStates.not_configured[0],
+            notConfigured: S([node, 'state="not_configured"']),
+            all: S([node]),
+          },
+          title: 'Exporter sources',
+          height: 7,
+          panels: [
+            g.stat(
+              'Sources down',
+              'Sources that are configured and whose last fetch failed (gpuledger_source_state{state="down"}): their series are missing, GpuLedgerSourceDown fires after %s, and the ledger alerts of a node where a source matching %s is down stay silent.' % [c.sourceDownFor, c.ledgerSourcesRegex],
+              'short',
+              [g.target('sum(gpuledger_source_state%s)' % S([node, 'state="down"']))],
+              [{ color: 'green', value: null }, { color: 'red', value: 1 }],
+            ) + g.width({}, 4),
+            g.stat(
+              'Sources not configured',
+              'Sources this exporter is not set up to read (no vLLM targets, no Ray address, no Kubernetes; gpuledger_source_state{state="not_configured"}). Not a failure: nothing alerts on them.',
+              'short',
+              [g.target('sum(gpuledger_source_state%s)' % S([node, 'state="not_configured"']))],
+              [{ color: sourceStates.not_configured[1], value: null }],
+            ) + g.width({}, 4),
+            g.stateTimeline(
+              'Source state',
+              'Each source of each exporter: up, down (configured, its last fetch failed: red) or not configured (grey), from the state set gpuledger_source_state. Exporters without it show gpuledger_source_up: up or down.',
+              [g.target(sourceState, '{{node}} {{source}} ({{job}})')],
+              [[sourceStates[s][0], std.strReplace(s, '_', ' '), sourceStates[s][1]] for s in ['up', 'down', 'not_configured']],
+            ),
+          ],
+        },
       ],
     ),
   },

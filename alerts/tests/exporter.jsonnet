@@ -5,6 +5,11 @@ local c = t.config;
 
 local blind = ': the GPUs, pods or pending work it would report are invisible, and their alerts cannot fire.';
 local node2 = t.nodeTarget { instance: '10.0.0.12:9402' };
+local sourceDown(source) = t.alert(
+  'GpuLedgerSourceDown',
+  f.nodeExporter { source: source },
+  'Source %s of the gpuledger exporter on node gpu-node-1 (10.0.0.11:9402) has failed every fetch for %s (reason timeout); its series are missing until it recovers.' % [source, c.sourceDownFor],
+);
 
 // kube-state-metrics' node capacity: `resources` {resource: count} of one node.
 local capacity(node, resources) = [
@@ -115,22 +120,38 @@ t.file([
     ],
   ),
 
+  // gpuledger_source_state{state="down"} == 1, next to sources that are not configured.
   t.scenario(
     'source down',
-    f.sources(down=['vllm']),
-    fires=[
-      t.alert(
-        'GpuLedgerSourceDown',
-        f.nodeExporter { source: 'vllm' },
-        'Source vllm of the gpuledger exporter on node gpu-node-1 (10.0.0.11:9402) has failed every fetch for %s (reason timeout); its series are missing until it recovers.' % c.sourceDownFor,
-      ),
-    ],
+    f.sources(down=['vllm'], disabled=['ray']),
+    fires=[sourceDown('vllm')],
   ),
 
-  // Not configured (no vLLM targets, no Ray address): reported 0, but nothing fails.
+  // An exporter from before gpuledger_source_state: source_up 0 with errors counted.
   t.scenario(
-    'disabled sources: silent',
+    'source down, exporter without gpuledger_source_state',
+    f.sources(down=['vllm'], state=false),
+    fires=[sourceDown('vllm')],
+  ),
+
+  // Not configured (no vLLM targets, no Ray address): source_up 0 too, but the state set
+  // says not_configured, and that never fires.
+  t.scenario(
+    'sources not configured: silent',
     f.sources(disabled=['vllm', 'ray']),
+  ),
+
+  // Even with an error counted for it: the state decides, not source_up or the errors.
+  t.scenario(
+    'source not configured, with errors counted: silent',
+    f.sources(disabled=['vllm', 'ray'])
+    + [t.counter('gpuledger_source_errors_total', f.nodeExporter { source: 'vllm', reason: 'timeout' }, 6, start=1)],
+  ),
+
+  // Before gpuledger_source_state: source_up 0 and no error is a source not configured.
+  t.scenario(
+    'sources not configured, exporter without gpuledger_source_state: silent',
+    f.sources(disabled=['vllm', 'ray'], state=false),
   ),
 
   t.scenario(

@@ -110,13 +110,22 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
       gpu_uuid: gpu,
     }, value)],
 
-  // gpuledger_source_up of the node exporter. down: sources whose fetches fail (their
-  // error counter grows); disabled: sources not configured (0, and no errors).
-  sources(down=[], disabled=[])::
+  // gpuledger_source_up and the state set gpuledger_source_state of the node exporter.
+  // down: sources whose fetches fail (their error counter grows); disabled: sources not
+  // configured (source_up 0 as well, state="not_configured", no errors). state=false: an
+  // exporter from before gpuledger_source_state (source_up only).
+  sources(down=[], disabled=[], state=true)::
+    local all = ['nvml', 'procfs', 'podresources', 'kubernetes', 'vllm', 'ray'];
+    local stateOf(s) = if std.member(down, s) then 'down' else if std.member(disabled, s) then 'not_configured' else 'up';
     [
-      t.gauge('gpuledger_source_up', nodeExporter { source: s }, if std.member(down + disabled, s) then 0 else 1)
-      for s in ['nvml', 'procfs', 'podresources', 'kubernetes', 'vllm', 'ray']
+      t.gauge('gpuledger_source_up', nodeExporter { source: s }, if stateOf(s) == 'up' then 1 else 0)
+      for s in all
     ]
+    + (if !state then [] else [
+         t.gauge('gpuledger_source_state', nodeExporter { source: s, state: x }, if stateOf(s) == x then 1 else 0)
+         for s in all
+         for x in ['up', 'down', 'not_configured']
+       ])
     + [t.counter('gpuledger_source_errors_total', nodeExporter { source: s, reason: 'timeout' }, 6, start=1) for s in down],
 
   // A Ray node that is a pod on this node: Ray's logical GPUs, and the GPUs Kubernetes

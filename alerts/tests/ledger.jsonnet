@@ -17,6 +17,12 @@ local unusedAlert = t.alert(
   'GPU GPU-e2 on node gpu-node-1 has been allocated to container vllm of pod ml/embed-a (workload embed) for %s, but no process of that container holds a context on it.' % c.gpuAllocatedUnusedFor,
 );
 
+local procfsDown = t.alert(
+  'GpuLedgerSourceDown',
+  f.nodeExporter { source: 'procfs' },
+  'Source procfs of the gpuledger exporter on node gpu-node-1 (10.0.0.11:9402) has failed every fetch for %s (reason timeout); its series are missing until it recovers.' % c.sourceDownFor,
+);
+
 // Serving with one GPU; the pod asked for two.
 local allocatedUnused =
   f.engine('embed-a', workload='embed', running=2, gpus=['GPU-e1'])
@@ -71,13 +77,24 @@ t.file([
   t.scenario(
     'GPU allocated but unused while procfs is down: only the source alert',
     allocatedUnused + f.sources(down=['procfs']),
-    fires=[
-      t.alert(
-        'GpuLedgerSourceDown',
-        f.nodeExporter { source: 'procfs' },
-        'Source procfs of the gpuledger exporter on node gpu-node-1 (10.0.0.11:9402) has failed every fetch for %s (reason timeout); its series are missing until it recovers.' % c.sourceDownFor,
-      ),
-    ],
+    fires=[procfsDown],
+    stages={ 'ml/embed': 'serving' },
+  ),
+
+  // The same from an exporter without gpuledger_source_state: source_up 0 silences.
+  t.scenario(
+    'GPU allocated but unused while procfs is down, exporter without gpuledger_source_state: only the source alert',
+    allocatedUnused + f.sources(down=['procfs'], state=false),
+    fires=[procfsDown],
+    stages={ 'ml/embed': 'serving' },
+  ),
+
+  // A ledger source this exporter reports not configured (source_up 0 as well) is not a
+  // blind ledger: it silences nothing.
+  t.scenario(
+    'GPU allocated but unused, a ledger source not configured: the ledger alert',
+    allocatedUnused + f.sources(disabled=['podresources']),
+    fires=[unusedAlert],
     stages={ 'ml/embed': 'serving' },
   ),
 

@@ -295,13 +295,23 @@ def test_targets_are_the_selected_jobs_with_the_cluster_label(stack: Stack) -> N
     assert all(s["value"][1] == "1" for s in ups)
     built = stack.prom.query("gpuledger_build_info")
     assert {s["metric"].get("cluster") for s in built} == {CLUSTER_NAME}
-    # Every source the scenarios configure is up (the others are reported 0 as disabled,
-    # without errors): nothing below is a degraded view.
-    down = stack.prom.query(
-        f"gpuledger_source_up{{{stack.selector}}} == 0 and on (instance, source) "
-        f"(sum by (instance, source) (gpuledger_source_errors_total{{{stack.selector}}}) > 0)"
-    )
+    # Every source the scenarios configure is up: nothing below is a degraded view. The
+    # others are not configured (the state set says so), and only they read source_up 0.
+    down = stack.prom.query(f'gpuledger_source_state{{{stack.selector}, state="down"}} == 1')
     assert not down, down
+
+    def sources(expr: str) -> set[tuple[str, str]]:
+        return {(s["metric"]["instance"], s["metric"]["source"]) for s in stack.prom.query(expr)}
+
+    not_configured = sources(
+        f'gpuledger_source_state{{{stack.selector}, state="not_configured"}} == 1'
+    )
+    assert not_configured, "the scenarios leave some source not configured"
+    assert sources(f"gpuledger_source_up{{{stack.selector}}} == 0") == not_configured
+    # A state set: exactly one state of every source is 1.
+    assert not stack.prom.query(
+        f"sum by (instance, source) (gpuledger_source_state{{{stack.selector}}}) != 1"
+    )
 
 
 def test_each_situation_fires_exactly_its_alert(stack: Stack) -> None:

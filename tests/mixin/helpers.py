@@ -76,6 +76,7 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_pod_starting",
         # Self-monitoring
         "gpuledger_source_up",
+        "gpuledger_source_state",
         "gpuledger_source_duration_seconds",
         "gpuledger_source_errors_total",
         "gpuledger_source_last_success_timestamp_seconds",

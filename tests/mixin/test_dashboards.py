@@ -202,3 +202,80 @@ def test_every_variable_query_returns_values(tmp_path: Path) -> None:
             }
         )
     _promtool_test(tmp_path, cases)
+
+
+def _panel(dashboard: str, title: str) -> dict:
+    found = [p for p in panels(dashboards()[dashboard]) if p.get("title") == title]
+    assert len(found) == 1, f"{dashboard}: {len(found)} panels titled {title!r}"
+    return found[0]
+
+
+def test_source_state_shows_not_configured_apart_from_down(tmp_path: Path) -> None:
+    """GPU ledger dashboard, "Source state": the state set gpuledger_source_state as one value
+    per source, mapped to up (green), down (red) and not configured (grey); an exporter
+    without the state set shows gpuledger_source_up as up or down."""
+    panel = _panel("gpuledger-gpu-ledger.json", "Source state")
+    options = panel["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    value = {o["text"]: float(v) for v, o in options.items()}
+    color = {o["text"]: o["color"] for o in options.values()}
+    assert set(value) == {"up", "down", "not configured"}
+    assert color["up"] == "green" and color["down"] == "red"
+    assert color["not configured"] not in {"red", "green", "orange", "yellow"}, color
+    assert len(set(value.values())) == 3
+    for title, state in (("Sources down", "down"), ("Sources not configured", "not_configured")):
+        (target,) = _panel("gpuledger-gpu-ledger.json", title)["targets"]
+        assert f'state="{state}"' in target["expr"], title
+
+    (target,) = panel["targets"]
+    node = {"job": "gpuledger-node", "instance": "10.0.0.11:9402", "node": "gpu-node-1"}
+    old = {"job": "gpuledger-node", "instance": "10.0.0.12:9402", "node": "gpu-node-2"}
+    states = {"nvml": "up", "vllm": "down", "ray": "not_configured"}
+
+    def series(name: str, labels: dict[str, str], v: int) -> dict[str, str]:
+        body = ",".join(f'{k}="{labels[k]}"' for k in sorted(labels))
+        return {"series": f"{name}{{{body}}}", "values": f"{v}+0x40"}
+
+    inputs = [
+        series("gpuledger_source_up", {**node, "source": s}, int(state == "up"))
+        for s, state in states.items()
+    ] + [
+        series("gpuledger_source_state", {**node, "source": s, "state": x}, int(x == state))
+        for s, state in states.items()
+        for x in ("up", "down", "not_configured")
+    ]
+    # An exporter from before gpuledger_source_state: source_up only.
+    inputs += [
+        series("gpuledger_source_up", {**old, "source": "nvml"}, 1),
+        series("gpuledger_source_up", {**old, "source": "ray"}, 0),
+    ]
+
+    def sample(labels: dict[str, str], source: str, text: str) -> dict:
+        body = f'job="{labels["job"]}",node="{labels["node"]}",source="{source}"'
+        return {"labels": f"{{{body}}}", "value": value[text]}
+
+    expected = [sample(node, s, state.replace("_", " ")) for s, state in states.items()] + [
+        sample(old, "nvml", "up"),
+        sample(old, "ray", "down"),
+    ]
+    doc = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "source state",
+                "interval": "1m",
+                "input_series": inputs,
+                "promql_expr_test": [
+                    {
+                        "expr": substitute_grafana_variables(target["expr"]),
+                        "eval_time": "10m",
+                        "exp_samples": expected,
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "source-state.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1_000_000))
+    result = run([tool("promtool"), "test", "rules", str(path)])
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr
