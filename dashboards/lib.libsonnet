@@ -190,8 +190,8 @@ local ds = { type: 'prometheus', uid: '${datasource}' };
   width(panel, w):: panel { gridWidth:: w },
 
   // sections: [{ title: 'Row title' or null, height: n, panels: [...] }]. The panels of
-  // one section share one line.
-  layout(sections)::
+  // one section share one line; the first starts at row y0.
+  layout(sections, y0=0)::
     local widthOf(p, default) = if std.objectHasAll(p, 'gridWidth') then p.gridWidth else default;
     local place(acc, section) =
       local fixed = std.foldl(function(s, p) s + widthOf(p, 0), section.panels, 0);
@@ -229,10 +229,37 @@ local ds = { type: 'prometheus', uid: '${datasource}' };
           for i in std.range(0, std.length(section.panels) - 1)
         ],
       };
-    std.foldl(place, sections, { id: 1, y: 0, panels: [] }).panels,
+    std.foldl(place, sections, { id: 1, y: y0, panels: [] }).panels,
+
+  // ---------------------------------------------------------------- simulated data
+
+  // The banner at the top of every dashboard: "SIMULATED DATA" in red while an exporter in
+  // view runs `gpuledger demo` or `simulate` (gpuledger_build_info{simulated="true"}: made-up
+  // GPUs, pods and engines), and nothing at all otherwise (no title, no background, a blank
+  // for "no data"). Found by tests/mixin/test_dashboards.py by its query.
+  simulatedQuery(c):: 'max(gpuledger_build_info%s)' % $.selector(c, ['simulated="true"']),
+  simulatedText:: 'SIMULATED DATA: gpuledger demo/simulate, not real GPUs, pods or engines',
+  simulatedBanner(c)::
+    $.stat(
+      '',
+      'Shown while a gpuledger exporter in view runs `gpuledger demo` or `gpuledger simulate` (gpuledger_build_info{simulated="true"}): its GPUs, pods, engines and alerts are made up by the simulator. Blank for exporters of real hardware.',
+      'none',
+      [$.target($.simulatedQuery(c))],
+      [{ color: 'transparent', value: null }],
+    ) + {
+      transparent: true,
+      fieldConfig+: {
+        defaults+: {
+          noValue: ' ',
+          mappings: [{ type: 'value', options: { '1': { text: $.simulatedText, color: 'red', index: 0 } } }],
+        },
+      },
+      options+: { graphMode: 'none', textMode: 'value', justifyMode: 'center' },
+    },
 
   // ---------------------------------------------------------------- dashboard
 
+  // sections: as `layout` takes them, below the simulated-data banner.
   dashboard(c, title, uid, description, variables, sections):: {
     title: title,
     uid: uid,
@@ -256,6 +283,15 @@ local ds = { type: 'prometheus', uid: '${datasource}' };
       keepTime: true,
     }],
     templating: { list: variables },
-    panels: $.layout(sections),
+    // The banner on top, with the id after the others': the panels' ids (viewPanel links)
+    // do not move for it.
+    local body = $.layout(sections, y0=bannerHeight),
+    local bannerHeight = 2,
+    panels: [
+      $.simulatedBanner(c) {
+        id: std.foldl(std.max, [p.id for p in body], 0) + 1,
+        gridPos: { h: bannerHeight, w: 24, x: 0, y: 0 },
+      },
+    ] + body,
   },
 }

@@ -77,7 +77,8 @@ f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'], 
 // Self-monitoring.
 + f.sources()
 + [
-  t.gauge('gpuledger_build_info', node { version: '0.1.0' }, 1),
+  // Real hardware (`gpuledger serve`): no simulated-data banner.
+  t.gauge('gpuledger_build_info', node { version: '0.1.0', simulated: 'false' }, 1),
   t.gauge('gpuledger_snapshot_age_seconds', node, 4),
   t.gauge('up', node, 1),
 ]

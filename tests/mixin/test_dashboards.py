@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.mixin.helpers import (
     CONTRACT_METRICS,
@@ -168,7 +171,9 @@ def _promtool_test(tmp_path: Path, cases: list[dict]) -> str:
 
 
 def test_every_panel_query_returns_data(tmp_path: Path) -> None:
-    """Each query, with every variable at All, returns at least one series (group() == 1)."""
+    """Each query, with every variable at All, returns at least one series (group() == 1);
+    but the simulated-data banner, which shows nothing on real hardware (its own tests)."""
+    banners = {_banner_query(d) for d in dashboards().values()}
     cases = [
         {
             "expr": f"group({substitute_grafana_variables(expr)})",
@@ -176,6 +181,7 @@ def test_every_panel_query_returns_data(tmp_path: Path) -> None:
             "exp_samples": [{"labels": "{}", "value": 1}],
         }
         for _, _, expr in dashboard_queries()
+        if expr not in banners
     ]
     assert len(cases) >= 40
     _promtool_test(tmp_path, cases)
@@ -276,6 +282,119 @@ def test_source_state_shows_not_configured_apart_from_down(tmp_path: Path) -> No
         ],
     }
     path = tmp_path / "source-state.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1_000_000))
+    result = run([tool("promtool"), "test", "rules", str(path)])
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr
+
+
+# ---------------------------------------------------------------------------- simulated data
+
+SIMULATED_TEXT = "SIMULATED DATA"
+
+
+def _banner(dashboard: dict) -> dict:
+    """The panel on top of the dashboard, alone on its line and full width."""
+    top = [p for p in panels(dashboard) if p["gridPos"]["y"] == 0]
+    assert len(top) == 1, f"{dashboard['title']}: {len(top)} panels on the first line"
+    return top[0]
+
+
+def _banner_query(dashboard: dict) -> str:
+    (target,) = _banner(dashboard)["targets"]
+    return str(target["expr"])
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS_DIR.glob("*.json")))
+def test_dashboard_has_the_simulated_data_banner(name: str) -> None:
+    """On top of every dashboard: SIMULATED DATA in red while an exporter in view is
+    simulated (gpuledger_build_info{simulated="true"}), nothing otherwise."""
+    dashboard = dashboards()[name]
+    banner = _banner(dashboard)
+    assert banner["type"] == "stat"
+    assert banner["gridPos"]["x"] == 0 and banner["gridPos"]["w"] == 24
+    assert _banner_query(dashboard) == (
+        f'max(gpuledger_build_info{{{config()["gpuledgerSelector"]}, simulated="true"}})'
+    )
+    defaults = banner["fieldConfig"]["defaults"]
+    (mapping,) = defaults["mappings"]
+    assert mapping["type"] == "value"
+    assert set(mapping["options"]) == {"1"}
+    shown = mapping["options"]["1"]
+    assert shown["text"].startswith(SIMULATED_TEXT) and shown["color"] == "red"
+    # Real hardware: no title, no background, a blank instead of "No data".
+    assert banner["title"] == ""
+    assert banner["transparent"] is True
+    assert defaults["noValue"].strip() == ""
+    assert [s["color"] for s in defaults["thresholds"]["steps"]] == ["transparent"]
+    assert banner["options"]["colorMode"] == "background"
+    # Its id comes after the others': adding it moved no panel's id.
+    assert banner["id"] == max(p["id"] for p in panels(dashboard))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _demo_series() -> list[dict[str, str]]:
+    """`gpuledger demo --once`, as Prometheus would store a scrape of it (node agent job)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    result = run([sys.executable, "-m", "gpuledger", "demo", "--once"], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = []
+    for family in text_string_to_metric_families(result.stdout):
+        for sample in family.samples:
+            labels = {**sample.labels, "job": "gpuledger-node", "instance": "10.0.0.11:9402"}
+            body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+            out.append({"series": f"{sample.name}{{{body}}}", "values": f"{sample.value:g}+0x40"})
+    return out
+
+
+def test_simulated_data_banner_shows_on_the_demo_only(tmp_path: Path) -> None:
+    """Every dashboard's banner query returns data on `gpuledger demo`'s exposition, and
+    none on an exporter of real hardware (simulated="false") or one from before the label."""
+    queries = sorted(
+        {substitute_grafana_variables(_banner_query(d)) for d in dashboards().values()}
+    )
+    demo = _demo_series()
+    assert any('simulated="true"' in s["series"] for s in demo if "build_info" in s["series"])
+    real = [
+        {
+            "series": 'gpuledger_build_info{instance="10.0.0.12:9402",job="gpuledger-node",'
+            'node="gpu-node-2",simulated="false",version="0.1.0"}',
+            "values": "1+0x40",
+        },
+        {
+            "series": 'gpuledger_build_info{instance="10.0.0.13:9402",job="gpuledger-node",'
+            'node="gpu-node-3",version="0.0.9"}',
+            "values": "1+0x40",
+        },
+    ]
+
+    def group(name: str, series: list[dict[str, str]], shown: bool) -> dict:
+        return {
+            "name": name,
+            "interval": "1m",
+            "input_series": series,
+            "promql_expr_test": [
+                {
+                    "expr": query,
+                    "eval_time": "10m",
+                    "exp_samples": [{"labels": "{}", "value": 1}] if shown else [],
+                }
+                for query in queries
+            ],
+        }
+
+    doc = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            group("gpuledger demo", demo, True),
+            group("real hardware", real, False),
+            group("real hardware next to a simulated node", real + demo, True),
+        ],
+    }
+    path = tmp_path / "simulated-banner.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1_000_000))
     result = run([tool("promtool"), "test", "rules", str(path)])
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr
