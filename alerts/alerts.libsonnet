@@ -30,6 +30,40 @@
   local workloadText = '{{ with $labels.namespace }}{{ . }}/{{ end }}{{ $labels.workload }}',
   local engineText = 'engine {{ $labels.engine }} (model {{ $labels.model_name }}, target {{ $labels.target }}) in pod {{ $labels.namespace }}/{{ $labels.pod }} of workload {{ $labels.workload }}',
   local stageOf(name) = [s for s in $._stages.stages if s.stage == name][0],
+
+  // ------------------------------------------------------------------ next steps
+  // The stage alerts' description ends with the next step `gpuledger explain` and the
+  // /ledger page print for the verdict (exporter/gpuledger/stages.json; verdict.py's
+  // next_step_for): the reason's by_reason.<reason>.next_step, else the stage's. An alert
+  // stands for the (stage, reason) verdicts whose runbook_alert it is. One verdict: its
+  // step, verbatim. Several: a template switch on `subject` (a template expression that
+  // holds the reason), the stage's step for any other value. tests/mixin/test_next_steps.py
+  // compares every branch with stages.json.
+  local byReason(stage) = std.get(stage, 'by_reason', {}),
+  local stepOf(stage, reason) =
+    local own = std.get(byReason(stage), reason, null);
+    if own == null then stage else own,
+  local verdictsOf(alert) = [
+    [s, r]
+    for s in $._stages.stages
+    for r in s.reasons
+    if stepOf(s, r).runbook_alert == alert
+  ],
+  local nextStep(alert, subject=null) =
+    local verdicts = verdictsOf(alert);
+    local stages = std.set([v[0].stage for v in verdicts]);
+    local steps = std.set([stepOf(v[0], v[1]).next_step for v in verdicts]);
+    assert verdicts != [] : '%s is the runbook_alert of no verdict of stages.json' % alert;
+    assert std.length(stages) == 1 : '%s stands for verdicts of several stages' % alert;
+    assert std.length(steps) == 1 || subject != null : '%s: several next steps, no reason to tell them apart' % alert;
+    ' Next step: ' + (
+      if std.length(steps) == 1 then steps[0]
+      else std.join('', [
+        '{{ ' + (if i == 0 then '' else 'else ') + 'if eq ' + subject + ' "' + verdicts[i][1] + '" }}'
+        + stepOf(verdicts[i][0], verdicts[i][1]).next_step
+        for i in std.range(0, std.length(verdicts) - 1)
+      ]) + '{{ else }}' + verdicts[0][0].next_step + '{{ end }}'
+    ),
   local inStage(stage) = std.rstripChars(|||
     and on (%(wkey)s)
     (namespace_workload_stage:gpuledger_stage_code:onehot{stage="%(stage)s"} == 1)
@@ -119,7 +153,8 @@
             labels: { severity: 'warning', layer: stageOf('pending_placement').layer },
             annotations: {
               summary: 'GPU pods of a workload cannot be placed on a node.',
-              description: '{{ $value }} GPU pod(s) of workload ' + workloadText + ' have been pending placement for %s: ' % c.podsPendingPlacementFor + reasonText + ' (reason {{ $labels.reason }}).',
+              description: '{{ $value }} GPU pod(s) of workload ' + workloadText + ' have been pending placement for %s: ' % c.podsPendingPlacementFor + reasonText + ' (reason {{ $labels.reason }}).'
+                           + nextStep('GpuLedgerPodsPendingPlacement', '$labels.reason'),
             },
           },
           {
@@ -131,7 +166,8 @@
             labels: { severity: 'warning', layer: stageOf('pending_placement').layer },
             annotations: {
               summary: 'Ray placement groups ask for resources no node of the Ray cluster can ever provide.',
-              description: '{{ $value }} Ray placement group(s) of workload ' + workloadText + ' have been INFEASIBLE for %s: their bundles fit on no node the Ray cluster has or can autoscale to. Waiting will not help.' % c.rayPlacementGroupsInfeasibleFor,
+              description: '{{ $value }} Ray placement group(s) of workload ' + workloadText + ' have been INFEASIBLE for %s: their bundles fit on no node the Ray cluster has or can autoscale to. Waiting will not help.' % c.rayPlacementGroupsInfeasibleFor
+                           + nextStep('GpuLedgerRayPlacementGroupsInfeasible'),
             },
           },
           {
@@ -143,7 +179,8 @@
             labels: { severity: 'warning', layer: stageOf('pending_placement').layer },
             annotations: {
               summary: 'Ray placement groups wait for resources that are in use.',
-              description: '{{ $value }} Ray placement group(s) of workload ' + workloadText + ' have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor,
+              description: '{{ $value }} Ray placement group(s) of workload ' + workloadText + ' have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor
+                           + nextStep('GpuLedgerRayPlacementGroupsWaiting'),
             },
           },
         ],
@@ -160,7 +197,11 @@
             labels: { severity: 'warning', layer: stageOf('starting').layer },
             annotations: {
               summary: 'A workload is placed but its engines have not come up.',
-              description: 'Workload ' + workloadText + ' has been starting for %s: its pods are placed on nodes, but GPU containers are not ready or vLLM engines do not answer.' % c.workloadStartingFor,
+              // The reason is not a label (it may change while the workload starts, which
+              // would restart `for`): the template reads it from the rules.
+              description: 'Workload ' + workloadText + ' has been starting for %s: its pods are placed on nodes, but GPU containers are not ready or vLLM engines do not answer.' % c.workloadStartingFor
+                           + '{{ $reason := "" }}{{ with printf `namespace_workload_stage_reason:gpuledger_stage_reason_code:group{stage="starting",' + cl + '=%q,namespace=%q,workload=%q}` $labels.' + cl + ' $labels.namespace $labels.workload | query }}{{ $reason = . | first | label "reason" }}{{ end }}'
+                           + nextStep('GpuLedgerWorkloadStartingTooLong', '$reason'),
             },
           },
         ],
@@ -179,7 +220,8 @@
             labels: { severity: 'warning', layer: stageOf('engine_queueing').layer },
             annotations: {
               summary: 'A vLLM engine queues requests because its KV cache is full.',
-              description: 'Requests have been waiting in ' + engineText + ' for %s with its KV cache {{ $value | humanizePercentage }} full, and no sibling engine has headroom.' % c.engineKvCachePressureFor,
+              description: 'Requests have been waiting in ' + engineText + ' for %s with its KV cache {{ $value | humanizePercentage }} full, and no sibling engine has headroom.' % c.engineKvCachePressureFor
+                           + nextStep('GpuLedgerEngineQueueingKvCachePressure'),
             },
           },
           {
@@ -195,7 +237,8 @@
             labels: { severity: 'warning', layer: stageOf('engine_queueing').layer },
             annotations: {
               summary: 'A vLLM engine queues requests at max_num_seqs while its KV cache has room.',
-              description: '{{ $value }} request(s) have been waiting in ' + engineText + ' for %s while it runs max_num_seqs={{ $labels.max_num_seqs }} requests and its KV cache is below %s%%: the max_num_seqs setting, not memory, bounds the batch, and no sibling engine has headroom.' % [c.engineMaxNumSeqsFor, '%g' % (c.kvCacheHeadroomRatio * 100)],
+              description: '{{ $value }} request(s) have been waiting in ' + engineText + ' for %s while it runs max_num_seqs={{ $labels.max_num_seqs }} requests and its KV cache is below %s%%: the max_num_seqs setting, not memory, bounds the batch, and no sibling engine has headroom.' % [c.engineMaxNumSeqsFor, '%g' % (c.kvCacheHeadroomRatio * 100)]
+                           + nextStep('GpuLedgerEngineQueueingAtMaxNumSeqs'),
             },
           },
           {
@@ -241,7 +284,8 @@
               summary: 'Some engines of a workload queue while sibling engines have headroom.',
               description: '{{ $value }} engine(s) of workload ' + workloadText + ' have had requests waiting for %s while ' % c.routingImbalanceFor
                            + '{{ with printf `namespace_workload:gpuledger_engine_headroom:sum{' + cl + '=%q,namespace=%q,workload=%q}` $labels.' + cl + ' $labels.namespace $labels.workload | query }}{{ . | first | value }}{{ else }}some{{ end }}'
-                           + ' sibling engine(s) have headroom: requests are not spread over the replicas.',
+                           + ' sibling engine(s) have headroom: requests are not spread over the replicas.'
+                           + nextStep('GpuLedgerRoutingImbalance'),
             },
           },
           {
@@ -255,7 +299,8 @@
             labels: { severity: 'warning', layer: stageOf('routing').layer },
             annotations: {
               summary: 'Requests wait in a Ray Serve router while no engine of the workload queues.',
-              description: '{{ $value }} request(s) for Ray Serve deployment {{ $labels.application }}/{{ $labels.deployment }} of workload ' + workloadText + ' have been waiting at its router for %s, not assigned to a replica, while no engine of the workload queues: the replicas are at max_ongoing_requests or the router cannot reach them.' % c.serveRouterQueueingFor,
+              description: '{{ $value }} request(s) for Ray Serve deployment {{ $labels.application }}/{{ $labels.deployment }} of workload ' + workloadText + ' have been waiting at its router for %s, not assigned to a replica, while no engine of the workload queues: the replicas are at max_ongoing_requests or the router cannot reach them.' % c.serveRouterQueueingFor
+                           + nextStep('GpuLedgerServeRouterQueueing'),
             },
           },
         ],

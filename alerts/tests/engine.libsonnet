@@ -24,12 +24,14 @@ local twoTargetSeries(rule, target) =
     t.alert(
       'GpuLedgerEngineQueueingKvCachePressure',
       f.engineKey('chat-a'),
-      'Requests have been waiting in %s for %s with its KV cache 95%% full, and no sibling engine has headroom.' % [engineText('chat-a'), c.engineKvCachePressureFor],
+      'Requests have been waiting in %s for %s with its KV cache 95%% full, and no sibling engine has headroom.' % [engineText('chat-a'), c.engineKvCachePressureFor]
+      + t.nextStep('engine_queueing', 'kv_cache'),
     ),
     t.alert(
       'GpuLedgerEngineQueueingKvCachePressure',
       f.engineKey('chat-b'),
-      'Requests have been waiting in %s for %s with its KV cache 97%% full, and no sibling engine has headroom.' % [engineText('chat-b'), c.engineKvCachePressureFor],
+      'Requests have been waiting in %s for %s with its KV cache 97%% full, and no sibling engine has headroom.' % [engineText('chat-b'), c.engineKvCachePressureFor]
+      + t.nextStep('engine_queueing', 'kv_cache'),
     ),
   ],
 
@@ -40,7 +42,8 @@ local twoTargetSeries(rule, target) =
     'GpuLedgerEngineQueueingAtMaxNumSeqs',
     f.engineKey(pod) { max_num_seqs: '8' },
     '%d request(s) have been waiting in %s for %s while it runs max_num_seqs=8 requests and its KV cache is below %g%%: the max_num_seqs setting, not memory, bounds the batch, and no sibling engine has headroom.'
-    % [waiting, engineText(pod), c.engineMaxNumSeqsFor, c.kvCacheHeadroomRatio * 100],
+    % [waiting, engineText(pod), c.engineMaxNumSeqsFor, c.kvCacheHeadroomRatio * 100]
+    + t.nextStep('engine_queueing', 'max_num_seqs'),
   ),
   maxNumSeqsAlerts:: [maxNumSeqsAlert('chat-a', 5), maxNumSeqsAlert('chat-b', 3)],
 
@@ -52,7 +55,8 @@ local twoTargetSeries(rule, target) =
     t.alert(
       'GpuLedgerRoutingImbalance',
       { namespace: 'ml', workload: 'chat' },
-      '1 engine(s) of workload ml/chat have had requests waiting for %s while 1 sibling engine(s) have headroom: requests are not spread over the replicas.' % c.routingImbalanceFor,
+      '1 engine(s) of workload ml/chat have had requests waiting for %s while 1 sibling engine(s) have headroom: requests are not spread over the replicas.' % c.routingImbalanceFor
+      + t.nextStep('routing', 'imbalance'),
     ),
   ],
 
@@ -170,7 +174,8 @@ local twoTargetSeries(rule, target) =
           'GpuLedgerEngineQueueingAtMaxNumSeqs',
           twoTargetKey(x.target) { max_num_seqs: std.toString(x.seqs) },
           '%d request(s) have been waiting in %s for %s while it runs max_num_seqs=%d requests and its KV cache is below %g%%: the max_num_seqs setting, not memory, bounds the batch, and no sibling engine has headroom.'
-          % [x.waiting, engineText('chat-a', target=x.target), c.engineMaxNumSeqsFor, x.seqs, c.kvCacheHeadroomRatio * 100],
+          % [x.waiting, engineText('chat-a', target=x.target), c.engineMaxNumSeqsFor, x.seqs, c.kvCacheHeadroomRatio * 100]
+          + t.nextStep('engine_queueing', 'max_num_seqs'),
         )
         for x in [{ target: targetA, waiting: 5, seqs: 8 }, { target: targetB, waiting: 3, seqs: 16 }]
       ],
@@ -194,7 +199,8 @@ local twoTargetSeries(rule, target) =
         t.alert(
           'GpuLedgerRoutingImbalance',
           { namespace: 'ml', workload: 'chat' },
-          '1 engine(s) of workload ml/chat have had requests waiting for %s while 1 sibling engine(s) have headroom: requests are not spread over the replicas.' % c.routingImbalanceFor,
+          '1 engine(s) of workload ml/chat have had requests waiting for %s while 1 sibling engine(s) have headroom: requests are not spread over the replicas.' % c.routingImbalanceFor
+          + t.nextStep('routing', 'imbalance'),
         ),
       ],
       stages={ 'ml/chat': 'routing:imbalance' },

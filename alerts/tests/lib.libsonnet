@@ -73,6 +73,10 @@ local duration(minute) = std.toString(minute) + 'm';
 
   // Expected alerts ------------------------------------------------------------------
 
+  // How a stage alert's description ends: the next step of the verdict (stage, reason) as
+  // exporter/gpuledger/stages.json words it for `gpuledger explain` and the /ledger page.
+  nextStep(stage, reason):: ' Next step: ' + std.get(std.get(stageDefs[stage], 'by_reason', {}), reason, stageDefs[stage]).next_step,
+
   // One firing alert: its labels (the rule's own labels are added) and its description
   // as the template must render it. summary and runbook_url come from the rule.
   alert(name, labels, description):: {

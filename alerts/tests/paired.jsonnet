@@ -10,7 +10,8 @@ local pendingPod = f.pendingPod('chat-c', 'insufficient_gpu', 1);
 local pendingAlert = t.alert(
   'GpuLedgerPodsPendingPlacement',
   { namespace: 'ml', workload: 'chat', reason: 'insufficient_gpu' },
-  '1 GPU pod(s) of workload ml/chat have been pending placement for %s: no node that would take the pod has enough free GPUs (reason insufficient_gpu).' % c.podsPendingPlacementFor,
+  '1 GPU pod(s) of workload ml/chat have been pending placement for %s: no node that would take the pod has enough free GPUs (reason insufficient_gpu).' % c.podsPendingPlacementFor
+  + t.nextStep('pending_placement', 'insufficient_gpu'),
 );
 
 // A third replica placed on a node, loading its model: GPU containers not ready, engine down.
@@ -18,7 +19,8 @@ local startingReplica = f.startingPod('chat-c') + f.engine('chat-c', up=0, gpus=
 local startingAlert = t.alert(
   'GpuLedgerWorkloadStartingTooLong',
   { namespace: 'ml', workload: 'chat' },
-  'Workload ml/chat has been starting for %s: its pods are placed on nodes, but GPU containers are not ready or vLLM engines do not answer.' % c.workloadStartingFor,
+  'Workload ml/chat has been starting for %s: its pods are placed on nodes, but GPU containers are not ready or vLLM engines do not answer.' % c.workloadStartingFor
+  + t.nextStep('starting', 'pod_not_ready'),
 );
 
 local situations = [
@@ -68,7 +70,8 @@ t.file(std.flattenArrays([
         t.alert(
           'GpuLedgerRayPlacementGroupsWaiting',
           { namespace: 'ml', workload: 'chat', scheduling_state: 'NO_RESOURCES' },
-          '1 Ray placement group(s) of workload ml/chat have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor,
+          '1 Ray placement group(s) of workload ml/chat have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor
+          + t.nextStep('pending_placement', 'ray_no_resources'),
         ),
       ],
       stages={ 'ml/chat': 'pending_placement:ray_no_resources' },

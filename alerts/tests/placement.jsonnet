@@ -5,7 +5,8 @@ local c = t.config;
 
 local pendingDescription(count, workload, reasonText, reason) =
   '%d GPU pod(s) of workload %s have been pending placement for %s: %s (reason %s).'
-  % [count, workload, c.podsPendingPlacementFor, reasonText, reason];
+  % [count, workload, c.podsPendingPlacementFor, reasonText, reason]
+  + t.nextStep('pending_placement', reason);
 
 t.file([
   t.scenario(
@@ -70,7 +71,8 @@ t.file([
       t.alert(
         'GpuLedgerRayPlacementGroupsInfeasible',
         { workload: 'ray-llm', scheduling_state: 'INFEASIBLE' },
-        '1 Ray placement group(s) of workload ray-llm have been INFEASIBLE for %s: their bundles fit on no node the Ray cluster has or can autoscale to. Waiting will not help.' % c.rayPlacementGroupsInfeasibleFor,
+        '1 Ray placement group(s) of workload ray-llm have been INFEASIBLE for %s: their bundles fit on no node the Ray cluster has or can autoscale to. Waiting will not help.' % c.rayPlacementGroupsInfeasibleFor
+        + t.nextStep('pending_placement', 'ray_infeasible'),
       ),
     ],
     stages={ 'ray/ray-llm': 'pending_placement:ray_infeasible' },
@@ -89,7 +91,8 @@ t.file([
       t.alert(
         'GpuLedgerRayPlacementGroupsWaiting',
         { namespace: 'ray', workload: 'ray-llm', scheduling_state: 'NO_RESOURCES' },
-        '2 Ray placement group(s) of workload ray/ray-llm have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor,
+        '2 Ray placement group(s) of workload ray/ray-llm have been waiting for resources (NO_RESOURCES) for %s: they would fit, but the Ray nodes that could hold them are busy.' % c.rayPlacementGroupsWaitingFor
+        + t.nextStep('pending_placement', 'ray_no_resources'),
       ),
     ],
     stages={ 'ray/ray-llm': 'pending_placement:ray_no_resources' },

@@ -24,7 +24,8 @@ t.file([
       t.alert(
         'GpuLedgerServeRouterQueueing',
         { namespace: 'ray', workload: 'serve-llm', application: 'llm', deployment: 'LLMServer' },
-        '30 request(s) for Ray Serve deployment llm/LLMServer of workload ray/serve-llm have been waiting at its router for %s, not assigned to a replica, while no engine of the workload queues: the replicas are at max_ongoing_requests or the router cannot reach them.' % c.serveRouterQueueingFor,
+        '30 request(s) for Ray Serve deployment llm/LLMServer of workload ray/serve-llm have been waiting at its router for %s, not assigned to a replica, while no engine of the workload queues: the replicas are at max_ongoing_requests or the router cannot reach them.' % c.serveRouterQueueingFor
+        + t.nextStep('routing', 'serve_router_queue'),
       ),
     ],
     stages={ 'ray/serve-llm': 'routing:serve_router_queue' },
@@ -43,7 +44,8 @@ t.file([
       t.alert(
         'GpuLedgerServeRouterQueueing',
         { namespace: 'ray', workload: 'serve-llm', application: 'llm', deployment: 'LLMServer' },
-        '30 request(s) for Ray Serve deployment llm/LLMServer of workload ray/serve-llm have been waiting at its router for %s, not assigned to a replica, while no engine of the workload queues: the replicas are at max_ongoing_requests or the router cannot reach them.' % c.serveRouterQueueingFor,
+        '30 request(s) for Ray Serve deployment llm/LLMServer of workload ray/serve-llm have been waiting at its router for %s, not assigned to a replica, while no engine of the workload queues: the replicas are at max_ongoing_requests or the router cannot reach them.' % c.serveRouterQueueingFor
+        + t.nextStep('routing', 'serve_router_queue'),
       ),
     ],
     stages={ 'ray/serve-llm': 'routing:serve_router_queue' },
@@ -58,7 +60,8 @@ t.file([
       t.alert(
         'GpuLedgerEngineQueueingKvCachePressure',
         f.engineKey(pod, namespace='ray', workload='serve-llm'),
-        'Requests have been waiting in %s for %s with its KV cache 95%% full, and no sibling engine has headroom.' % [engineText(pod), c.engineKvCachePressureFor],
+        'Requests have been waiting in %s for %s with its KV cache 95%% full, and no sibling engine has headroom.' % [engineText(pod), c.engineKvCachePressureFor]
+        + t.nextStep('engine_queueing', 'kv_cache'),
       )
       for pod in ['serve-llm-worker-a', 'serve-llm-worker-b']
     ],

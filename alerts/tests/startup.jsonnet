@@ -3,10 +3,12 @@ local f = import 'fixtures.libsonnet';
 local t = import 'lib.libsonnet';
 local c = t.config;
 
-local startingAlert(workload) = t.alert(
+// The next step follows the reason, which the alert reads from the rules.
+local startingAlert(workload, reason) = t.alert(
   'GpuLedgerWorkloadStartingTooLong',
   { namespace: 'ml', workload: workload },
-  'Workload ml/%s has been starting for %s: its pods are placed on nodes, but GPU containers are not ready or vLLM engines do not answer.' % [workload, c.workloadStartingFor],
+  'Workload ml/%s has been starting for %s: its pods are placed on nodes, but GPU containers are not ready or vLLM engines do not answer.' % [workload, c.workloadStartingFor]
+  + t.nextStep('starting', reason),
 );
 
 t.file([
@@ -19,7 +21,7 @@ t.file([
     + f.allocation('summarize-a', ['GPU-s1', 'GPU-s2'])
     + f.ledgerFlag('gpuledger_gpu_allocated_unused', 'summarize-a', 'GPU-s2', workload='summarize')
     + f.sources(),
-    fires=[startingAlert('summarize')],
+    fires=[startingAlert('summarize', 'pod_not_ready')],
     stages={ 'ml/summarize': 'starting:pod_not_ready' },
   ),
 
@@ -28,7 +30,7 @@ t.file([
     'engine not up after the pod is ready',
     f.engine('summarize-a', workload='summarize', up=0, gpus=['GPU-s1'])
     + f.engine('summarize-b', workload='summarize', running=2, gpus=['GPU-s2']),
-    fires=[startingAlert('summarize')],
+    fires=[startingAlert('summarize', 'engine_not_up')],
     stages={ 'ml/summarize': 'starting:engine_not_up' },
     exprs=[
       t.expr('namespace_workload:gpuledger_engine_up:sum', { 'namespace_workload:gpuledger_engine_up:sum{namespace="ml",workload="summarize"}': 1 }),

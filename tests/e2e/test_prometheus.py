@@ -66,6 +66,7 @@ STAGE_SERIES = "namespace_workload_stage:gpuledger_stage_code:onehot"
 # The node-mode DaemonSet's job, as the Helm chart names it.
 NODE_JOB = "gpuledger-node"
 PROMQL_GUIDE = REPO / "docs" / "promql.md"
+STAGES_JSON = REPO / "exporter" / "gpuledger" / "stages.json"
 CLUSTER_NAME = "e2e"
 EVOLVING = "e2e-evolving"
 
@@ -333,6 +334,48 @@ def test_each_situation_fires_exactly_its_alert(stack: Stack) -> None:
     # No alert is even pending (with `for: 0s` nothing should linger there).
     pending = [a["labels"] for a in prom.alerts("pending")]
     assert [a for a in pending if a.get("namespace") != EVOLVING] == []
+
+
+def test_stage_alerts_end_with_the_next_step_of_their_verdict(stack: Stack) -> None:
+    """As Prometheus renders them: each firing stage alert's description ends with the next
+    step stages.json gives the workload's stage and reason (what `gpuledger explain` and the
+    /ledger page print), the startup alert's read by its template from the rules."""
+    stack.prom.wait_for(
+        "the expected alerts",
+        lambda: not _mismatches(_firing_by_namespace(stack.prom)),
+        timeout=60,
+    )
+    stages = {s["stage"]: s for s in json.loads(STAGES_JSON.read_text())["stages"]}
+    verdicts = {
+        (m.get("namespace", ""), m["workload"]): (m["stage"], m.get("reason"))
+        for m in (
+            s["metric"]
+            for s in stack.prom.query(
+                "namespace_workload_stage_reason:gpuledger_stage_reason_code:group"
+            )
+        )
+    }
+    checked = set()
+    for alert in stack.prom.alerts("firing"):
+        labels = alert["labels"]
+        if labels.get("namespace") == EVOLVING or "Next step: " not in alert["annotations"].get(
+            "description", ""
+        ):
+            continue
+        stage, reason = verdicts[(labels.get("namespace", ""), labels["workload"])]
+        entry = stages[stage].get("by_reason", {}).get(reason, stages[stage])
+        assert entry["runbook_alert"] == labels["alertname"], (labels, stage, reason)
+        description = alert["annotations"]["description"]
+        assert description.endswith(" Next step: " + entry["next_step"]), description
+        checked.add(labels["alertname"])
+    assert checked >= {
+        "GpuLedgerPodsPendingPlacement",
+        "GpuLedgerRayPlacementGroupsInfeasible",
+        "GpuLedgerWorkloadStartingTooLong",
+        "GpuLedgerEngineQueueingKvCachePressure",
+        "GpuLedgerEngineQueueingAtMaxNumSeqs",
+        "GpuLedgerRoutingImbalance",
+    }
 
 
 def test_each_workload_is_in_its_stage(stack: Stack) -> None:
