@@ -228,6 +228,52 @@ local g = import 'lib.libsonnet';
             ),
           ],
         },
+        {
+          // An engine on the Ray executor holds GPUs on other nodes' pods: its node agent
+          // alone cannot count them; the footprint rule joins every agent's workers.
+          title: 'Engines on the Ray executor: footprint across nodes',
+          height: 8,
+          panels: [
+            g.table(
+              'GPUs in use across nodes vs configured',
+              "Per engine on the Ray executor: GPUs its Ray workers' processes hold on every node (node_namespace_workload_pod_target_engine:gpuledger_ray_worker_gpus:count; empty while a worker's node agent is not reported) against tensor_parallel_size x pipeline_parallel_size. Unequal for 15 minutes: GpuLedgerEngineParallelismMismatch.",
+              'short',
+              [
+                g.target('max by (node, namespace, workload, pod, target, model_name, engine) (node_namespace_workload_pod_target_engine:gpuledger_ray_worker_gpus:count%s)' % W),
+                g.target('max by (node, namespace, workload, pod, target, model_name, engine) (gpuledger_engine_gpus%s and on (node, pod_uid, target, engine) gpuledger_engine_ray_job_info)' % R(['state="configured"'])),
+              ],
+              [
+                ['namespace', 'Namespace'],
+                ['workload', 'Workload'],
+                ['pod', 'Engine pod'],
+                ['node', 'Node'],
+                ['model_name', 'Model'],
+                ['engine', 'Engine'],
+                ['Value #A', 'GPUs in use (all nodes)'],
+                ['Value #B', 'GPUs configured'],
+              ],
+            ),
+            g.table(
+              'Ray workers: rank, pod, node and GPU memory',
+              "Each vLLM Ray worker (TP/PP rank) of the engines in view, the pod and node it runs on and the GPU memory its process holds per GPU. Workers are found by their engine's Ray job (ray_job_id, ray_driver_node_id), the same on every node.",
+              'bytes',
+              [
+                g.target('max by (node, namespace, pod, ray_job_id, ray_driver_node_id, tp_rank, pp_rank, gpu_uuid) (gpuledger_ray_worker_gpu_memory_used_bytes%s and on (ray_job_id, ray_driver_node_id) group by (ray_job_id, ray_driver_node_id) (gpuledger_engine_ray_job_info%s))' % [g.selector(c, []), R()]),
+              ],
+              [
+                ['ray_job_id', 'Ray job'],
+                ['tp_rank', 'TP rank'],
+                ['pp_rank', 'PP rank'],
+                ['namespace', 'Namespace'],
+                ['pod', 'Worker pod'],
+                ['node', 'Node'],
+                ['gpu_uuid', 'GPU UUID'],
+                ['Value', 'GPU memory'],
+              ],
+              { Value: 'bytes' },
+            ),
+          ],
+        },
       ],
     ),
   },

@@ -74,6 +74,20 @@ f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'], 
 + f.rayPendingGpus('ray-llm', 'actor', 1, namespace='ray')
 // Ray Serve: 30 requests wait at the router of `serve-llm` while its replicas idle.
 + f.serveDeployment('llm', 'LLMServer', 30, atReplicas=2, replicas=[['serve-llm-worker-a', 'q3xk7a1m', 1], ['serve-llm-worker-b', 'v9d2m5pz', 1]], workload='serve-llm')
+// An engine on the Ray executor (TP 2): its EngineCore drives Ray job 02000000, whose two
+// workers run in ray-tp-worker-a on this node, one GPU each.
++ f.engine('ray-tp-head', namespace='ray', workload='ray-tp', tp=2, gpus=[])
++ [
+  t.gauge('gpuledger_engine_ray_job_info', node + f.engineKey('ray-tp-head', 'ray', 'ray-tp') { ray_job_id: '02000000', ray_driver_node_id: 'n0de' }, 1),
+  t.gauge('gpuledger_engine_ray_workers', node + f.engineKey('ray-tp-head', 'ray', 'ray-tp') { state: 'ALIVE' }, 2),
+]
++ std.flattenArrays([
+  [
+    t.gauge('gpuledger_ray_worker_info', node { namespace: 'ray', pod: 'ray-tp-worker-a', pod_uid: 'uid-ray-tp-worker-a', workload: 'ray-tp', ray_job_id: '02000000', ray_driver_node_id: 'n0de', class_name: 'RayWorkerProc', bundle_index: w[0], tp_rank: w[0], pp_rank: '0' }, 1),
+    t.gauge('gpuledger_ray_worker_gpu_memory_used_bytes', node { namespace: 'ray', pod: 'ray-tp-worker-a', pod_uid: 'uid-ray-tp-worker-a', ray_job_id: '02000000', ray_driver_node_id: 'n0de', bundle_index: w[0], tp_rank: w[0], pp_rank: '0', gpu_uuid: w[1] }, 30000000000),
+  ]
+  for w in [['0', 'GPU-a'], ['1', 'GPU-b']]
+])
 // Self-monitoring.
 + f.sources()
 + [

@@ -184,3 +184,82 @@ def test_a_missing_node_agent_leaves_the_footprint_unknown(tmp_path: Path) -> No
     rule says nothing rather than 2, and no mismatch fires (GpuLedgerExporterDown is for
     the missing agent, which Prometheus here does not know of)."""
     promtool(tmp_path, series(exposition("a"), "10.0.0.1:9402"), [footprint(None), firing({})])
+
+
+RAY_EXECUTOR_ROW = "Engines on the Ray executor: footprint across nodes"
+WAITING = REPO / "dashboards" / "gpuledger-where-waiting.json"
+
+
+def ray_executor_panels() -> dict[str, list[str]]:
+    """The queries of the Where-waiting dashboard's Ray-executor row, by panel title. The
+    e2e Prometheus stack has no Ray-executor engine: these are checked here instead."""
+    import json
+
+    panels: dict[str, list[str]] = {}
+    in_row = False
+    for panel in json.loads(WAITING.read_text())["panels"]:
+        if panel["type"] == "row":
+            in_row = panel["title"] == RAY_EXECUTOR_ROW
+        elif in_row:
+            panels[panel["title"]] = [t["expr"] for t in panel["targets"]]
+    return panels
+
+
+def _all_values(expr: str) -> str:
+    """The dashboard's variables at All, as Grafana sends them to `=~` matchers."""
+    return re.sub(r"\$\w+", ".*", expr)
+
+
+def test_the_dashboard_shows_the_footprint_and_every_rank(tmp_path: Path) -> None:
+    inputs = series(exposition("a"), "10.0.0.1:9402") + series(exposition("b"), "10.0.0.2:9402")
+    panels = ray_executor_panels()
+    assert set(panels) == {
+        "GPUs in use across nodes vs configured",
+        "Ray workers: rank, pod, node and GPU memory",
+    }
+    in_use, configured = panels["GPUs in use across nodes vs configured"]
+    (memory,) = panels["Ray workers: rank, pod, node and GPU memory"]
+    key = engine().replace(',pod_uid="ae000001-0000-4000-8000-000000000001"', "")
+    ranks = [("0", "a", "ae0", "llama-head"), ("1", "a", "ae1", "llama-head")]
+    ranks += [("2", "b", "be0", "llama-worker-0"), ("3", "b", "be1", "llama-worker-0")]
+    job = job_labels()
+    promtool(
+        tmp_path,
+        inputs,
+        [
+            {
+                "expr": _all_values(in_use),
+                "eval_time": HORIZON,
+                "exp_samples": [{"labels": f"{{{key}}}", "value": 4}],
+            },
+            {
+                "expr": _all_values(configured),
+                "eval_time": HORIZON,
+                "exp_samples": [{"labels": f"{{{key}}}", "value": 4}],
+            },
+            {
+                "expr": _all_values(memory),
+                "eval_time": HORIZON,
+                "exp_samples": [
+                    {
+                        "labels": f'{{gpu_uuid="{_uuid(g)}",namespace="ray",node="gpu-node-{n}",'
+                        f'pod="{p}",pp_rank="0",{job},tp_rank="{r}"}}',
+                        "value": 70 * 2**30,
+                    }
+                    for r, n, g, p in ranks
+                ],
+            },
+        ],
+    )
+
+
+def job_labels() -> str:
+    """`ray_driver_node_id` and `ray_job_id` of the engine, as node a reports them."""
+    for family in text_string_to_metric_families(exposition("a")):
+        for sample in family.samples:
+            if sample.name == "gpuledger_engine_ray_job_info":
+                return (
+                    f'ray_driver_node_id="{sample.labels["ray_driver_node_id"]}",'
+                    f'ray_job_id="{sample.labels["ray_job_id"]}"'
+                )
+    raise AssertionError("node a reports no gpuledger_engine_ray_job_info")
