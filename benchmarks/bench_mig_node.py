@@ -18,14 +18,8 @@ cycles run back to back. Cycle CPU is given as millicores at the 10 s default in
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import statistics
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,31 +27,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "exporter"))
 sys.path.insert(0, str(ROOT))
 
-import grpc
 import pynvml
 
-from benchmarks.bench_node import quartiles, rss, scrape_latencies
-from benchmarks.rss_serve import IN_NAMESPACE, can_use_namespace, memory
-from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.protocols.podresources import api_pb2, api_pb2_grpc
-from gpuledger.server import Exporter
-from gpuledger.sim.fake_nvml import STATE_ENV
-from gpuledger.sources.procfs import _read as read_proc_file
+from benchmarks.bench_node import (
+    local_floor,
+    measure_cycles,
+    nvml_gpu_floor,
+    podresources_stub,
+    rss,
+    scrape_latencies,
+    simulated_node,
+    warm_exporter,
+)
+from benchmarks.rss_serve import serve_memory
+from gpuledger.pipeline import PipelineConfig
 
-CHILD = """
-import json, sys
-sys.path[:0] = [{exporter!r}, {root!r}]
-from benchmarks.dense_mig_node import dense_mig_node
-from gpuledger.sim.harness import SimulatedNode
-from gpuledger.sim.scenario import parse_scenario
-node = SimulatedNode(parse_scenario(dense_mig_node(), "dense-mig.yaml"))
-cfg = node.pipeline_config(5.0)
-print(json.dumps({{"config": {{k: getattr(cfg, k) for k in (
-    "node", "proc_root", "nvml_library", "podresources_socket", "kubeconfig")}},
-    "state": str(node.state_file)}}), flush=True)
-sys.stdin.read()
-node.close()
-"""
 PORT = 19403
 
 
@@ -65,15 +49,7 @@ def nvml_floor() -> list[int]:
     """The NVML calls of one cycle on a MIG node; the PIDs they list."""
     pids: list[int] = []
     for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        pynvml.nvmlDeviceGetUUID(h)
-        pynvml.nvmlDeviceGetName(h)
-        pynvml.nvmlDeviceGetPciInfo_v3(h)
-        pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-        # MIG mode: NVML has no utilization; the exporter asks all the same.
-        with contextlib.suppress(pynvml.NVMLError_NotSupported):
-            pynvml.nvmlDeviceGetUtilizationRates(h)
-        pynvml.nvmlDeviceGetMigMode(h)
+        h = nvml_gpu_floor(i)
         for m in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
             try:
                 mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, m)
@@ -88,71 +64,22 @@ def nvml_floor() -> list[int]:
     return pids
 
 
-def floor_cycle(config: PipelineConfig, stub: Any) -> None:
-    """The raw reads one gpuledger cycle makes on this node, and nothing else."""
-    seen: set[int] = set()
-    for pid in nvml_floor():
-        current = pid
-        while current > 1 and current not in seen:
-            seen.add(current)
-            base = f"{config.proc_root}/{current}"
-            status = read_proc_file(f"{base}/status", 1 << 16)
-            if status is None:
-                break
-            for name in ("cgroup", "cmdline", "environ"):
-                read_proc_file(f"{base}/{name}", 1 << 20)
-            ppid = [ln for ln in status.split(b"\n") if ln.startswith(b"PPid:")]
-            current = int(ppid[0].split()[1]) if ppid else 0
-    stub.List(api_pb2.ListPodResourcesRequest(), timeout=5)
-    stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=5)
-
-
 def run(cycles: int, scrapes_wanted: int) -> dict[str, Any]:
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(exporter=str(ROOT / "exporter"), root=str(ROOT))],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        info = json.loads(child.stdout.readline())
-        os.environ[STATE_ENV] = info["state"]
-        config = PipelineConfig(kubernetes=True, **info["config"])
+    fields = ("node", "proc_root", "nvml_library", "podresources_socket", "kubeconfig")
+    with simulated_node("dense_mig_node", "", "dense-mig.yaml", fields) as cfg:
+        config = PipelineConfig(kubernetes=True, **cfg)
         rss_before = rss()
-        pipeline = Pipeline(config)
-        exporter = Exporter(pipeline.cycle, 10.0)
-        pipeline.warm_up(30)
-        for _ in range(3):  # warm-up: informer synced, caches hot
-            exporter.run_once()
-        channel = grpc.insecure_channel(f"unix://{config.podresources_socket}")
-        stub = api_pb2_grpc.PodResourcesListerStub(channel)
-        floor_cycle(config, stub)
-        walls, cpus, floor_cpus, renders = [], [], [], []
-        per_source: dict[str, list[float]] = {}
-        for _ in range(cycles):
-            w0, c0 = time.perf_counter(), time.process_time()
-            published = exporter.run_once()
-            walls.append(time.perf_counter() - w0)
-            cpus.append(time.process_time() - c0)
-            for s in published.ledger.sources:
-                per_source.setdefault(s.source, []).append(s.duration_seconds)
-            r0 = time.perf_counter()
-            body, _ = exporter.render(None)
-            renders.append(time.perf_counter() - r0)
-            c0 = time.process_time()
-            floor_cycle(config, stub)
-            floor_cpus.append(time.process_time() - c0)
+        pipeline, exporter = warm_exporter(config)
+        channel, stub = podresources_stub(config)
+        local_floor(config, nvml_floor(), stub)
+        published, body, figures = measure_cycles(
+            exporter, lambda: local_floor(config, nvml_floor(), stub), cycles
+        )
         scrapes = scrape_latencies(exporter, scrapes_wanted)
         ledger = published.ledger
         rss_after = rss()
         channel.close()
         pipeline.close()
-    finally:
-        if child.stdin:
-            child.stdin.close()
-        child.wait(timeout=30)
-    med = statistics.median
     text = body.decode()
     attributed = sum(
         1
@@ -168,17 +95,8 @@ def run(cycles: int, scrapes_wanted: int) -> dict[str, Any]:
         "down": [s.source for s in ledger.sources if s.state == "down"],
         "series": sum(1 for ln in text.splitlines() if ln and not ln.startswith("#")),
         "bytes": len(body),
-        "wall_ms": med(walls) * 1e3,
-        "cpu_ms": med(cpus) * 1e3,
-        "millicores_at_10s": med(cpus) * 1e3 / 10,
-        "cpu_p25_p75_ms": [q * 1e3 for q in quartiles(cpus)],
-        "floor_cpu_ms": med(floor_cpus) * 1e3,
-        "millicores_above_floor_at_10s": med(c - f for c, f in zip(cpus, floor_cpus, strict=True))
-        * 1e3
-        / 10,
-        "render_ms": med(renders) * 1e3,
+        **figures,
         **scrapes,
-        "sources_ms": {k: med(v) * 1e3 for k, v in per_source.items()},
         "rss_mb": rss_after / 2**20,
         "rss_growth_mb": (rss_after - rss_before) / 2**20,
     }
@@ -188,41 +106,12 @@ def serve_rss(seconds: float) -> dict[str, Any]:
     """Memory of a real `gpuledger serve` on the dense MIG node (in-cluster configuration
     where the machine allows a private mount namespace, else a kubeconfig)."""
     from benchmarks.dense_mig_node import dense_mig_node
-    from gpuledger.sim.harness import SimulatedNode
     from gpuledger.sim.scenario import parse_scenario
 
-    in_cluster = can_use_namespace()
     scenario = parse_scenario(dense_mig_node(), "dense-mig.yaml")
-    with SimulatedNode(scenario, in_cluster=in_cluster) as node:
-        config = node.pipeline_config(5.0)
-        serve = [
-            sys.executable, "-m", "gpuledger", "serve",
-            "--listen", f"127.0.0.1:{PORT}", "--interval", "5",
-            "--proc-root", config.proc_root, "--nvml-library", str(config.nvml_library),
-            "--node-name", config.node, "--kubernetes", "on",
-            "--podresources-socket", str(config.podresources_socket), "--log-level", "warning",
-        ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter"), STATE_ENV: str(node.state_file)}
-        if in_cluster:
-            env |= {**node.service_env, "GL_SA": str(node.service_account_dir)}
-            command = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
-            command += [IN_NAMESPACE, "sh", *serve]
-        else:
-            command = [*serve, "--kubeconfig", str(node.kubeconfig)]
-        process = subprocess.Popen(command, env=env)
-        try:
-            time.sleep(seconds)
-            for _ in range(5):
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5) as r:
-                    r.read()
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/ledger.json", timeout=5) as r:
-                document = json.loads(r.read())
-            result = memory(process.pid)
-        finally:
-            process.terminate()
-            process.wait(30)
+    configuration, document, result = serve_memory(scenario, seconds, PORT)
     return {
-        "config": "in-cluster" if in_cluster else "kubeconfig",
+        "config": configuration,
         "sources_up": sorted(s["source"] for s in document["sources"] if s["up"]),
         "mig_devices": sum(len(g["mig_devices"]) for g in document["gpus"]),
         **result,

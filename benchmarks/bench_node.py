@@ -18,6 +18,7 @@ Cycle CPU is also given as millicores at the 10 s default interval: CPU-ms per c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ import pynvml
 import requests
 
 from benchmarks.scrape_latency import Scraper, p99
+from gpuledger.collector import Published
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.protocols.podresources import api_pb2, api_pb2_grpc
 from gpuledger.server import Exporter, serve
@@ -44,19 +47,47 @@ from gpuledger.sim.fake_nvml import STATE_ENV
 from gpuledger.sources.procfs import _read as read_proc_file
 
 CHILD = """
-import json, sys, time
+import json, sys
 sys.path[:0] = [{exporter!r}, {root!r}]
-from benchmarks.dense_node import dense_node
+from benchmarks.{module} import {module}
 from gpuledger.sim.harness import SimulatedNode
 from gpuledger.sim.scenario import parse_scenario
-node = SimulatedNode(parse_scenario(dense_node({scale}), "dense.yaml"))
+node = SimulatedNode(parse_scenario({module}({args}), {name!r}))
 cfg = node.pipeline_config(5.0)
-print(json.dumps({{"config": {{k: getattr(cfg, k) for k in (
-    "node", "proc_root", "nvml_library", "podresources_socket", "kubeconfig", "ray_address")}},
+print(json.dumps({{"config": {{k: getattr(cfg, k) for k in {fields!r}}},
     "state": str(node.state_file)}}), flush=True)
 sys.stdin.read()
 node.close()
 """
+
+
+@contextlib.contextmanager
+def simulated_node(
+    module: str, args: str, name: str, fields: tuple[str, ...]
+) -> Iterator[dict[str, Any]]:
+    """The simulated node `benchmarks.<module>.<module>(<args>)` served by a child process
+    (as the real kubelet, API server, engines and Ray dashboard would be): yields the
+    `fields` of its PipelineConfig, with the fake NVML's state file set in os.environ."""
+    code = CHILD.format(
+        exporter=str(ROOT / "exporter"),
+        root=str(ROOT),
+        module=module,
+        args=args,
+        name=name,
+        fields=fields,
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        info = json.loads(child.stdout.readline())
+        os.environ[STATE_ENV] = info["state"]
+        yield info["config"]
+    finally:
+        if child.stdin:
+            child.stdin.close()
+        child.wait(timeout=30)
 
 
 def rss() -> int:
@@ -71,24 +102,23 @@ def quartiles(values: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def floor_cycle(
-    config: PipelineConfig,
-    engine_urls: list[str],
-    ray_node_ids: list[str],
-    session: requests.Session,
-    stub: Any,
-) -> None:
-    """The raw reads one gpuledger cycle makes, and nothing else."""
-    pids: list[int] = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        pynvml.nvmlDeviceGetUUID(h)
-        pynvml.nvmlDeviceGetName(h)
-        pynvml.nvmlDeviceGetPciInfo_v3(h)
-        pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+def nvml_gpu_floor(index: int) -> Any:
+    """The NVML calls of one cycle for the GPU at `index`, its processes aside: its handle."""
+    h = pynvml.nvmlDeviceGetHandleByIndex(index)
+    pynvml.nvmlDeviceGetUUID(h)
+    pynvml.nvmlDeviceGetName(h)
+    pynvml.nvmlDeviceGetPciInfo_v3(h)
+    pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+    # In MIG mode NVML has no utilization; the exporter asks all the same.
+    with contextlib.suppress(pynvml.NVMLError_NotSupported):
         pynvml.nvmlDeviceGetUtilizationRates(h)
-        pynvml.nvmlDeviceGetMigMode(h)
-        pids += [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+    pynvml.nvmlDeviceGetMigMode(h)
+    return h
+
+
+def local_floor(config: PipelineConfig, pids: list[int], stub: Any) -> None:
+    """The /proc files of these PIDs and their ancestors, and PodResources List and
+    GetAllocatableResources: the node-local reads of one cycle after NVML's."""
     seen: set[int] = set()
     for pid in pids:
         current = pid
@@ -105,14 +135,29 @@ def floor_cycle(
             current = int(ppid[0].split()[1]) if ppid else 0
     stub.List(api_pb2.ListPodResourcesRequest(), timeout=5)
     stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=5)
+
+
+def floor_cycle(
+    config: PipelineConfig,
+    engine_urls: list[str],
+    ray_node_ids: list[str],
+    session: requests.Session,
+    stub: Any,
+) -> None:
+    """The raw reads one gpuledger cycle makes, and nothing else."""
+    pids: list[int] = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = nvml_gpu_floor(i)
+        pids += [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+    local_floor(config, pids, stub)
     for url in engine_urls:
         session.get(url, timeout=5).content
-    base = config.ray_address
-    session.get(f"{base}/api/v0/nodes?limit=10000&timeout=5", timeout=5).content
-    session.get(f"{base}/api/cluster_status", timeout=5).content
+    dashboard = config.ray_address
+    session.get(f"{dashboard}/api/v0/nodes?limit=10000&timeout=5", timeout=5).content
+    session.get(f"{dashboard}/api/cluster_status", timeout=5).content
     for node_id in ray_node_ids:
         session.get(
-            f"{base}/api/v0/actors?detail=true&limit=10000&timeout=5"
+            f"{dashboard}/api/v0/actors?detail=true&limit=10000&timeout=5"
             f"&filter_keys=state&filter_predicates=%21%3D&filter_values=DEAD"
             f"&filter_keys=node_id&filter_predicates=%3D&filter_values={node_id}",
             timeout=5,
@@ -142,66 +187,92 @@ def scrape_latencies(exporter: Exporter, count: int) -> dict[str, float]:
     }
 
 
-def run(scale: int, cycles: int, scrapes_wanted: int) -> dict[str, Any]:
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            CHILD.format(exporter=str(ROOT / "exporter"), root=str(ROOT), scale=scale),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+def podresources_stub(config: PipelineConfig) -> tuple[grpc.Channel, Any]:
+    channel = grpc.insecure_channel(f"unix://{config.podresources_socket}")
+    return channel, api_pb2_grpc.PodResourcesListerStub(channel)
+
+
+def warm_exporter(config: PipelineConfig) -> tuple[Pipeline, Exporter]:
+    """The real pipeline and exporter, warmed up: informer synced, engines known, caches
+    hot."""
+    pipeline = Pipeline(config)
+    exporter = Exporter(pipeline.cycle, 10.0)
+    pipeline.warm_up(30)
+    for _ in range(3):
+        exporter.run_once()
+    return pipeline, exporter
+
+
+def measure_cycles(
+    exporter: Exporter, floor: Callable[[], None], cycles: int
+) -> tuple[Published, bytes, dict[str, Any]]:
+    """`cycles` of gpuledger's cycle and the floor, alternating, so drift in the machine's
+    load (it is shared) affects both alike: the last cycle, its render, and the figures."""
+    walls, cpus, renders, floor_walls, floor_cpus = [], [], [], [], []
+    per_source: dict[str, list[float]] = {}
+    for _ in range(cycles):
+        w0, c0 = time.perf_counter(), time.process_time()
+        published = exporter.run_once()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+        for s in published.ledger.sources:
+            per_source.setdefault(s.source, []).append(s.duration_seconds)
+        r0 = time.perf_counter()
+        body, _ = exporter.render(None)
+        renders.append(time.perf_counter() - r0)
+        w0, c0 = time.perf_counter(), time.process_time()
+        floor()
+        floor_walls.append(time.perf_counter() - w0)
+        floor_cpus.append(time.process_time() - c0)
+    med = statistics.median
+    return (
+        published,
+        body,
+        {
+            "wall_ms": med(walls) * 1e3,
+            "cpu_ms": med(cpus) * 1e3,
+            # CPU-seconds per cycle / 10 s interval * 1000.
+            "millicores_at_10s": med(cpus) * 1e3 / 10,
+            "millicores_above_floor_at_10s": med(
+                c - f for c, f in zip(cpus, floor_cpus, strict=True)
+            )
+            * 1e3
+            / 10,
+            "cpu_p25_p75_ms": [q * 1e3 for q in quartiles(cpus)],
+            "floor_wall_ms": med(floor_walls) * 1e3,
+            "floor_cpu_ms": med(floor_cpus) * 1e3,
+            "floor_cpu_p25_p75_ms": [q * 1e3 for q in quartiles(floor_cpus)],
+            # Per pair of runs, so a noisy moment counts against both sides of one ratio.
+            "ratio_median_of_pairs": med(c / f for c, f in zip(cpus, floor_cpus, strict=True)),
+            "render_ms": med(renders) * 1e3,
+            "sources_ms": {k: med(v) * 1e3 for k, v in per_source.items()},
+        },
     )
-    try:
-        assert child.stdout is not None
-        info = json.loads(child.stdout.readline())
-        os.environ[STATE_ENV] = info["state"]
-        config = PipelineConfig(kubernetes=True, vllm_discovery=True, **info["config"])
+
+
+def run(scale: int, cycles: int, scrapes_wanted: int) -> dict[str, Any]:
+    fields = ("node", "proc_root", "nvml_library", "podresources_socket", "kubeconfig")
+    with simulated_node("dense_node", str(scale), "dense.yaml", (*fields, "ray_address")) as cfg:
+        config = PipelineConfig(kubernetes=True, vllm_discovery=True, **cfg)
         rss_before = rss()
-        pipeline = Pipeline(config)
-        exporter = Exporter(pipeline.cycle, 10.0)
-        pipeline.warm_up(30)
-        for _ in range(3):  # warm-up: informer synced, engines known, caches hot
-            exporter.run_once()
+        pipeline, exporter = warm_exporter(config)
         session = requests.Session()
-        channel = grpc.insecure_channel(f"unix://{config.podresources_socket}")
-        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        channel, stub = podresources_stub(config)
         published = exporter.run_once()
         engines = [e.url for e in published.ledger.engines]
         ray_ids = (
             [v.node.node_id for v in published.ledger.ray.nodes] if published.ledger.ray else []
         )
         floor_cycle(config, engines, ray_ids, session, stub)  # warm its connections too
-        # gpuledger's cycle and the floor alternate, so drift in the machine's load (it is
-        # shared) affects both alike.
-        walls, cpus, renders, floor_walls, floor_cpus = [], [], [], [], []
-        per_source: dict[str, list[float]] = {}
-        for _ in range(cycles):
-            w0, c0 = time.perf_counter(), time.process_time()
-            published = exporter.run_once()
-            walls.append(time.perf_counter() - w0)
-            cpus.append(time.process_time() - c0)
-            for s in published.ledger.sources:
-                per_source.setdefault(s.source, []).append(s.duration_seconds)
-            r0 = time.perf_counter()
-            body, _ = exporter.render(None)
-            renders.append(time.perf_counter() - r0)
-            w0, c0 = time.perf_counter(), time.process_time()
-            floor_cycle(config, engines, ray_ids, session, stub)
-            floor_walls.append(time.perf_counter() - w0)
-            floor_cpus.append(time.process_time() - c0)
+        published, body, figures = measure_cycles(
+            exporter, lambda: floor_cycle(config, engines, ray_ids, session, stub), cycles
+        )
         scrapes = scrape_latencies(exporter, scrapes_wanted)
         down = [s.source for s in published.ledger.sources if not s.up]
         series = sum(1 for ln in body.decode().splitlines() if ln and not ln.startswith("#"))
         rss_after = rss()
         channel.close()
         pipeline.close()
-    finally:
-        if child.stdin:
-            child.stdin.close()
-        child.wait(timeout=30)
-    med = statistics.median
     return {
         "scale": scale,
         "down": down,
@@ -209,22 +280,8 @@ def run(scale: int, cycles: int, scrapes_wanted: int) -> dict[str, Any]:
         "bytes": len(body),
         "processes": len(published.ledger.processes),
         "pods": len(published.ledger.pods),
-        "wall_ms": med(walls) * 1e3,
-        "cpu_ms": med(cpus) * 1e3,
-        # CPU-seconds per cycle / 10 s interval * 1000.
-        "millicores_at_10s": med(cpus) * 1e3 / 10,
-        "millicores_above_floor_at_10s": med(c - f for c, f in zip(cpus, floor_cpus, strict=True))
-        * 1e3
-        / 10,
-        "cpu_p25_p75_ms": [q * 1e3 for q in quartiles(cpus)],
-        "floor_wall_ms": med(floor_walls) * 1e3,
-        "floor_cpu_ms": med(floor_cpus) * 1e3,
-        "floor_cpu_p25_p75_ms": [q * 1e3 for q in quartiles(floor_cpus)],
-        # Per pair of runs, so a noisy moment counts against both sides of one ratio.
-        "ratio_median_of_pairs": med(c / f for c, f in zip(cpus, floor_cpus, strict=True)),
-        "render_ms": med(renders) * 1e3,
+        **figures,
         **scrapes,
-        "sources_ms": {k: med(v) * 1e3 for k, v in per_source.items()},
         "rss_mb": rss_after / 2**20,
         "rss_growth_mb": (rss_after - rss_before) / 2**20,
     }

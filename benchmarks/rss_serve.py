@@ -29,12 +29,12 @@ sys.path[:0] = [str(ROOT / "exporter"), str(ROOT)]
 from benchmarks.dense_node import dense_node
 from gpuledger.sim.fake_nvml import STATE_ENV
 from gpuledger.sim.harness import SimulatedNode
-from gpuledger.sim.scenario import parse_scenario
+from gpuledger.sim.scenario import Scenario, parse_scenario
 
 PORT = 19402
 # Inside the namespace: a fresh /run (so nothing is written to the host), the account.
 IN_NAMESPACE = (
-    'mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io && '
+    "mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io && "
     'cp -r "$GL_SA" /run/secrets/kubernetes.io/serviceaccount && exec "$@"'
 )
 
@@ -55,19 +55,24 @@ def memory(pid: int) -> dict[str, float]:
     return fields
 
 
-def run(scale: int, seconds: float) -> dict[str, Any]:
+def serve_memory(
+    scenario: Scenario, seconds: float, port: int = PORT
+) -> tuple[str, dict[str, Any], dict[str, float]]:
+    """A real `gpuledger serve` on the simulated node for `seconds`, then scraped: the
+    configuration it ran with (in-cluster where the machine allows a private mount
+    namespace, else a kubeconfig), its /ledger.json, its memory in MB."""
     in_cluster = can_use_namespace()
-    scenario = parse_scenario(dense_node(scale), "dense.yaml")
     with SimulatedNode(scenario, in_cluster=in_cluster) as node:
         config = node.pipeline_config(5.0)
         serve = [
             sys.executable, "-m", "gpuledger", "serve",
-            "--listen", f"127.0.0.1:{PORT}", "--interval", "5",
+            "--listen", f"127.0.0.1:{port}", "--interval", "5",
             "--proc-root", config.proc_root, "--nvml-library", str(config.nvml_library),
             "--node-name", config.node, "--kubernetes", "on",
-            "--podresources-socket", str(config.podresources_socket),
-            "--ray-address", str(config.ray_address), "--log-level", "warning",
+            "--podresources-socket", str(config.podresources_socket), "--log-level", "warning",
         ]  # fmt: skip
+        if config.ray_address:
+            serve += ["--ray-address", config.ray_address]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter"), STATE_ENV: str(node.state_file)}
         if in_cluster:
             env |= {**node.service_env, "GL_SA": str(node.service_account_dir)}
@@ -79,17 +84,24 @@ def run(scale: int, seconds: float) -> dict[str, Any]:
         try:
             time.sleep(seconds)
             for _ in range(5):
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
                     r.read()
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/ledger.json", timeout=5) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ledger.json", timeout=5) as r:
                 document = json.loads(r.read())
             result = memory(process.pid)
         finally:
             process.terminate()
             process.wait(30)
+    return "in-cluster" if in_cluster else "kubeconfig", document, result
+
+
+def run(scale: int, seconds: float) -> dict[str, Any]:
+    configuration, document, result = serve_memory(
+        parse_scenario(dense_node(scale), "dense.yaml"), seconds
+    )
     return {
         "scale": scale,
-        "config": "in-cluster" if in_cluster else "kubeconfig",
+        "config": configuration,
         "sources_up": sorted(s["source"] for s in document["sources"] if s["up"]),
         "engines": len(document["engines"]),
         **result,

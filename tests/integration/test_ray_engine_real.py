@@ -1,14 +1,15 @@
 """A Ray-executor engine's workers attributed to its driver, against a real Ray 2.60 head.
 
-The head is started as tests/integration/test_ray_real.py starts it, with `--num-gpus 4`
-(Ray's logical GPUs: no hardware). A Python driver does what vLLM's EngineCore does with
-`--distributed-executor-backend ray` (tests/fixtures/ray/vllm-0.32-ray/): it takes the
-title `VLLM::EngineCore` (setproctitle, as vLLM does) before it connects, so it is the
-driver of a job whose entrypoint is that title; it makes a placement group of one
-`{"GPU": 1}` bundle per rank, and one actor per bundle, named `vllm_Worker_<id>_TP<r>` of
-class `RayWorkerProc` (RayExecutorV2), or unnamed `RayWorkerWrapper` (the legacy
-executor). The exporter runs against the real /proc and that dashboard, with a simulated
-vLLM /metrics and the fake NVML listing the actors' real PIDs on its GPUs.
+The head is started as tests/integration/test_ray_real.py starts it (ray_head.py), with
+`--num-gpus 4` (Ray's logical GPUs: no hardware). A Python driver does what vLLM's
+EngineCore does with `--distributed-executor-backend ray`
+(tests/fixtures/ray/vllm-0.32-ray/): it takes the title `VLLM::EngineCore` (setproctitle,
+as vLLM does) before it connects, so it is the driver of a job whose entrypoint is that
+title; it makes a placement group of one `{"GPU": 1}` bundle per rank, and one actor per
+bundle, named `vllm_Worker_<id>_TP<r>` of class `RayWorkerProc` (RayExecutorV2), or
+unnamed `RayWorkerWrapper` (the legacy executor). The exporter runs against the real /proc
+and that dashboard, with a simulated vLLM /metrics and the fake NVML listing the actors'
+real PIDs on its GPUs.
 
 One cluster for the module; the drivers run one after the other, and each one's exit
 (actors DEAD, job SUCCEEDED) must leave no series behind.
@@ -19,18 +20,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from gpuledger.document import ledger_document
 from gpuledger.explain_ray import RayWorkers, footprint, footprint_lines, with_footprints
@@ -46,7 +43,7 @@ from gpuledger.sim.fake_nvml import (
 )
 from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
 from tests.conftest import Sample, pick, samples, value
-from tests.integration.test_ray_real import _end, _free_ports, _logs, _read_line
+from tests.integration.ray_head import RayHead, end, ray_head, read_line
 
 pytestmark = pytest.mark.slow
 
@@ -98,68 +95,16 @@ ray.shutdown()
 """
 
 
-@dataclass(frozen=True)
-class Head:
-    url: str
-    gcs: str
-    tmp: Path
-    env: dict[str, str]
-
-
 @pytest.fixture(scope="module")
-def head() -> Iterator[Head]:
-    ray_cli = Path(sys.executable).with_name("ray")
-    if not ray_cli.exists():
-        pytest.fail(f"the `ray` command is missing next to {sys.executable}")
-    tmp = Path(tempfile.mkdtemp(prefix="glrayeng-", dir="/tmp"))
-    gcs, dash, agent_http, agent_grpc, env_agent, metrics, client = _free_ports(7)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(
-        RAY_AUTH_MODE="disabled",
-        RAY_USAGE_STATS_ENABLED="0",
-        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-        HOME=str(tmp),
-    )
-    process: subprocess.Popen[Any] | None = None
-    try:
-        with (tmp / "head.log").open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    str(ray_cli), "start", "--head", "--block", "--disable-usage-stats",
-                    "--node-ip-address=127.0.0.1", f"--port={gcs}",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                    f"--dashboard-agent-listen-port={agent_http}",
-                    f"--dashboard-agent-grpc-port={agent_grpc}",
-                    f"--runtime-env-agent-port={env_agent}", f"--metrics-export-port={metrics}",
-                    f"--ray-client-server-port={client}",
-                    "--min-worker-port=0", "--max-worker-port=0",
-                    "--num-cpus=4", f"--num-gpus={TP}", "--object-store-memory=100000000",
-                    f"--temp-dir={tmp}",
-                ],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
-            )  # fmt: skip
-        url = f"http://127.0.0.1:{dash}"
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"ray start exited with {process.returncode}\n{_logs(tmp)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the Ray dashboard did not answer on {url}\n{_logs(tmp)}")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(url + "/api/v0/nodes", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
-        yield Head(url, f"127.0.0.1:{gcs}", tmp, env)
-    finally:
-        _end(process, grace_seconds=15)
-        shutil.rmtree(tmp, ignore_errors=True)
+def head() -> Iterator[RayHead]:
+    with ray_head("glrayeng-", num_gpus=TP) as started:
+        yield started
 
 
 class Driver:
     """An EngineCore stand-in: a Ray driver with TP worker actors in a placement group."""
 
-    def __init__(self, head: Head, executor: str) -> None:
+    def __init__(self, head: RayHead, executor: str) -> None:
         self.head = head
         with (head.tmp / f"driver-{executor}.log").open("wb") as log:
             self.process = subprocess.Popen(
@@ -167,10 +112,10 @@ class Driver:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 env=head.env, text=True, start_new_session=True,
             )  # fmt: skip
-        line = _read_line(self.process, time.monotonic() + START_TIMEOUT_SECONDS)
+        line = read_line(self.process, time.monotonic() + START_TIMEOUT_SECONDS)
         if not line:
             self.stop()
-            pytest.fail(f"the driver did not make its workers\n{_logs(head.tmp)}")
+            pytest.fail(f"the driver did not make its workers\n{head.logs()}")
         self.info: dict[str, Any] = json.loads(line)
 
     def stop(self) -> None:
@@ -180,7 +125,7 @@ class Driver:
                 self.process.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=20)
-        _end(self.process, grace_seconds=2)
+        end(self.process, grace_seconds=2)
 
 
 class Agent:
@@ -188,7 +133,7 @@ class Agent:
     workers' PIDs (GPU i held by the worker of rank i, unless told otherwise), the engine's
     simulated /metrics."""
 
-    def __init__(self, head: Head, tmp: Path) -> None:
+    def __init__(self, head: RayHead, tmp: Path) -> None:
         self.state = tmp / "nvml.state"
         os.environ[STATE_ENV] = str(self.state)
         self.hold([])
@@ -226,7 +171,7 @@ class Agent:
 
 
 @pytest.fixture
-def agent(head: Head, tmp_path: Path) -> Iterator[Agent]:
+def agent(head: RayHead, tmp_path: Path) -> Iterator[Agent]:
     made = Agent(head, tmp_path)
     yield made
     made.close()
@@ -242,7 +187,9 @@ def _settled(agent: Agent, done: Any, seconds: float = 30.0) -> tuple[list[Sampl
         time.sleep(0.5)
 
 
-def test_workers_are_attributed_to_their_driver_and_leave_with_it(head: Head, agent: Agent) -> None:
+def test_workers_are_attributed_to_their_driver_and_leave_with_it(
+    head: RayHead, agent: Agent
+) -> None:
     driver = Driver(head, "ray")
     try:
         pids, job = driver.info["pids"], driver.info["job_id"]
@@ -290,7 +237,7 @@ def test_workers_are_attributed_to_their_driver_and_leave_with_it(head: Head, ag
     assert doc["engines"][0]["ray"] is None
 
 
-def test_legacy_executor_workers(head: Head, agent: Agent) -> None:
+def test_legacy_executor_workers(head: RayHead, agent: Agent) -> None:
     driver = Driver(head, "legacy")
     try:
         agent.hold(driver.info["pids"])

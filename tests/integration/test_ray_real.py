@@ -3,9 +3,9 @@
 One cluster at a time, module-scoped, started twice: with token auth on (as Ray 2.60
 local clusters default to) and with RAY_AUTH_MODE=disabled.
 
-* the head is `ray start --head --block` with every port chosen free here (so parallel
-  runs on one machine do not collide), its temp dir and HOME private to the test, the
-  dashboard on 127.0.0.1;
+* the head is `ray start --head --block` (tests/integration/ray_head.py) with every port
+  chosen free (so parallel runs on one machine do not collide), its temp dir and HOME
+  private to the test, the dashboard on 127.0.0.1;
 * a driver process connects and creates two GPU actors holding both logical GPUs (no
   GPU hardware needed: `--num-gpus 2` is Ray's own ledger), a CPU actor in a created
   placement group, a GPU actor pending creation, a placement group that never fits
@@ -22,14 +22,8 @@ import contextlib
 import importlib.util
 import json
 import os
-import secrets
-import selectors
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,11 +44,12 @@ from gpuledger.sim.fake_ray import (
 )
 from gpuledger.sources.base import SourceError
 from gpuledger.sources.ray import RayStateClient
+from tests.integration.ray_head import end, ray_head, read_line
 from tests.json_shape import same_shape
 
 pytestmark = pytest.mark.slow
 
-START_TIMEOUT_SECONDS = 60.0
+START_TIMEOUT_SECONDS = 60.0  # for the driver's actors
 SETTLE_TIMEOUT_SECONDS = 30.0
 
 DRIVER = r"""
@@ -114,65 +109,6 @@ class Cluster:
     settled: RaySnapshot
 
 
-def _free_ports(count: int) -> list[int]:
-    # Held open together so the ports differ; Ray binds them right after.
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"({path} unreadable)"
-
-
-def _logs(tmp: Path) -> str:
-    parts = [
-        f"--- ray start:\n{_tail(tmp / 'head.log')}",
-        f"--- driver:\n{_tail(tmp / 'driver.log')}",
-    ]
-    for name in ("dashboard.log", "raylet.out", "gcs_server.out"):
-        for found in sorted(tmp.glob(f"session_*/logs/{name}"))[-1:]:
-            parts.append(f"--- {name}:\n{_tail(found)}")
-    return "\n".join(parts)
-
-
-def _end(process: subprocess.Popen[Any] | None, grace_seconds: float) -> None:
-    """SIGTERM the process group we started, then SIGKILL what is left of it."""
-    if process is None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=grace_seconds)
-    # Ray's daemons share the group and may outlive the `ray start` process itself.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=5)
-
-
-def _read_line(process: subprocess.Popen[str], deadline: float) -> str | None:
-    assert process.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if selector.select(timeout=0.5):
-                return process.stdout.readline()
-            if process.poll() is not None:
-                return None
-    return None
-
-
 def _settled(snap: RaySnapshot) -> bool:
     states = {(g.name, g.scheduling_state) for g in snap.placement_groups}
     return (
@@ -197,93 +133,46 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
             "ray[default] is not installed in this environment: install the test extra "
             "(pip install -e '.[test]'); these tests need a real local Ray cluster"
         )
-    ray_cli = Path(sys.executable).with_name("ray")
-    if not ray_cli.exists():
-        pytest.fail(f"the `ray` command is missing next to {sys.executable}")
-    # Short: Ray puts unix sockets under it (107-byte limit).
-    tmp = Path(tempfile.mkdtemp(prefix="glray-", dir="/tmp"))
-    token = secrets.token_hex(16) if auth_mode == "token" else None
-    gcs, dash, agent_http, agent_grpc, env_agent, metrics, client = _free_ports(7)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(
-        RAY_AUTH_MODE=auth_mode,
-        RAY_USAGE_STATS_ENABLED="0",
-        # SIGTERM would otherwise drain the node for up to 30 s before stopping.
-        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-        HOME=str(tmp),  # nothing lands in the real ~/.ray
-    )
-    if token is not None:
-        env["RAY_AUTH_TOKEN"] = token
-    head: subprocess.Popen[Any] | None = None
-    driver: subprocess.Popen[str] | None = None
     started = time.monotonic()
-    try:
-        with (tmp / "head.log").open("wb") as head_log:
-            head = subprocess.Popen(
-                [
-                    str(ray_cli), "start", "--head", "--block", "--disable-usage-stats",
-                    "--node-ip-address=127.0.0.1", f"--port={gcs}",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                    f"--dashboard-agent-listen-port={agent_http}",
-                    f"--dashboard-agent-grpc-port={agent_grpc}",
-                    f"--runtime-env-agent-port={env_agent}", f"--metrics-export-port={metrics}",
-                    f"--ray-client-server-port={client}",
-                    "--min-worker-port=0", "--max-worker-port=0",
-                    "--num-cpus=4", "--num-gpus=2", "--object-store-memory=100000000",
-                    f"--temp-dir={tmp}",
-                ],
-                stdout=head_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
-            )  # fmt: skip
-        url = f"http://127.0.0.1:{dash}"
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while True:
-            if head.poll() is not None:
-                pytest.fail(f"ray start exited with {head.returncode}\n{_logs(tmp)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the Ray dashboard did not answer on {url}\n{_logs(tmp)}")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(url + "/api/v0/nodes", timeout=2).status_code in (200, 401):
-                    break
-            time.sleep(0.5)
-        with (tmp / "driver.log").open("wb") as driver_log:
-            driver = subprocess.Popen(
-                [sys.executable, "-c", DRIVER, f"127.0.0.1:{gcs}"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=driver_log,
-                env=env, text=True, start_new_session=True,
-            )  # fmt: skip
-        line = _read_line(driver, time.monotonic() + START_TIMEOUT_SECONDS)
-        if not line:
-            pytest.fail(f"the Ray driver did not set up its actors\n{_logs(tmp)}")
-        info = json.loads(line)
-        client_ = RayStateClient(url, token=token)
-        deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
-        snap = client_.fetch_cluster()
-        while not _settled(snap):
-            if time.monotonic() > deadline:
-                pytest.fail(f"Ray state did not settle: {snap}\n{_logs(tmp)}")
-            time.sleep(0.5)
+    with ray_head("glray-", num_gpus=2, auth_mode=auth_mode) as head:
+        driver: subprocess.Popen[str] | None = None
+        try:
+            with (head.tmp / "driver.log").open("wb") as driver_log:
+                driver = subprocess.Popen(
+                    [sys.executable, "-c", DRIVER, head.gcs],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=driver_log,
+                    env=head.env, text=True, start_new_session=True,
+                )  # fmt: skip
+            line = read_line(driver, time.monotonic() + START_TIMEOUT_SECONDS)
+            if not line:
+                pytest.fail(f"the Ray driver did not set up its actors\n{head.logs()}")
+            info = json.loads(line)
+            client_ = RayStateClient(head.url, token=head.token)
+            deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
             snap = client_.fetch_cluster()
-        client_.close()
-        yield Cluster(
-            url=url,
-            token=token,
-            gpu_pids=tuple(info["gpu_pids"]),
-            cpu_pid=info["cpu_pid"],
-            node_id=info["node_id"],
-            ray_version=info["ray_version"],
-            started_seconds=time.monotonic() - started,
-            settled=snap,
-        )
-    finally:
-        if driver is not None and driver.stdin is not None:
-            with contextlib.suppress(OSError):
-                driver.stdin.close()  # the driver shuts Ray's side down itself
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                driver.wait(timeout=10)
-        _end(driver, grace_seconds=2)
-        _end(head, grace_seconds=15)
-        shutil.rmtree(tmp, ignore_errors=True)
+            while not _settled(snap):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"Ray state did not settle: {snap}\n{head.logs()}")
+                time.sleep(0.5)
+                snap = client_.fetch_cluster()
+            client_.close()
+            yield Cluster(
+                url=head.url,
+                token=head.token,
+                gpu_pids=tuple(info["gpu_pids"]),
+                cpu_pid=info["cpu_pid"],
+                node_id=info["node_id"],
+                ray_version=info["ray_version"],
+                started_seconds=time.monotonic() - started,
+                settled=snap,
+            )
+        finally:
+            if driver is not None and driver.stdin is not None:
+                with contextlib.suppress(OSError):
+                    driver.stdin.close()  # the driver shuts Ray's side down itself
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    driver.wait(timeout=10)
+            end(driver, grace_seconds=2)
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """The Serve source against a real Ray Serve application under load (`ray[serve]` from the
-test extra), started as tests/integration/test_ray_real.py starts its Ray head.
+test extra), on a Ray head started as tests/integration/test_ray_real.py starts it.
 
-* the head is `ray start --head --block` (token auth on, Ray 2.60's default) with every
-  port chosen free here, its temp dir and HOME private to the test, the dashboard on
-  127.0.0.1;
+* the head is `ray start --head --block` (tests/integration/ray_head.py; token auth on,
+  Ray 2.60's default) with every port chosen free, Serve's proxy port with them, its temp
+  dir and HOME private to the test, the dashboard on 127.0.0.1;
 * a driver deploys `blockapp`: deployment `Blocker`, 2 replicas, `max_ongoing_requests=2`,
   every request sleeping far longer than the test; then 10 concurrent HTTP requests go to
   Serve's proxy, so 2 + 2 run in the replicas and the other 6 wait in the proxy's router.
@@ -18,22 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
-import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from gpuledger.collector import Published
 from gpuledger.document import ledger_document
@@ -44,11 +38,11 @@ from gpuledger.model.ray import RAY_LOCAL
 from gpuledger.model.serve import SERVE
 from gpuledger.sources.ray import RayLocalSource, RayStateClient
 from gpuledger.sources.serve import ServeClient, ServeSource
-from tests.integration.test_ray_real import _end, _free_ports, _logs, _read_line
+from tests.integration.ray_head import end, ray_head, read_line
 
 pytestmark = pytest.mark.slow
 
-START_TIMEOUT_SECONDS = 60.0
+START_TIMEOUT_SECONDS = 60.0  # for the application to deploy
 SETTLE_TIMEOUT_SECONDS = 45.0
 CLIENTS = 10
 REPLICAS = 2
@@ -102,70 +96,28 @@ def serve_cluster() -> Iterator[ServeCluster]:
             "ray[serve] is not installed in this environment: install the test extra "
             "(pip install -e '.[test]'); this test needs a real Ray Serve application"
         )
-    ray_cli = Path(sys.executable).with_name("ray")
-    if not ray_cli.exists():
-        pytest.fail(f"the `ray` command is missing next to {sys.executable}")
-    tmp = Path(tempfile.mkdtemp(prefix="glserve-", dir="/tmp"))
-    token = secrets.token_hex(16)
-    gcs, dash, agent_http, agent_grpc, env_agent, metrics, client, proxy = _free_ports(8)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN=token,
-        RAY_USAGE_STATS_ENABLED="0",
-        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-        HOME=str(tmp),
-    )
-    head: subprocess.Popen[Any] | None = None
-    driver: subprocess.Popen[str] | None = None
     started = time.monotonic()
-    try:
-        with (tmp / "head.log").open("wb") as head_log:
-            head = subprocess.Popen(
-                [
-                    str(ray_cli), "start", "--head", "--block", "--disable-usage-stats",
-                    "--node-ip-address=127.0.0.1", f"--port={gcs}",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                    f"--dashboard-agent-listen-port={agent_http}",
-                    f"--dashboard-agent-grpc-port={agent_grpc}",
-                    f"--runtime-env-agent-port={env_agent}", f"--metrics-export-port={metrics}",
-                    f"--ray-client-server-port={client}",
-                    "--min-worker-port=0", "--max-worker-port=0",
-                    "--num-cpus=4", "--num-gpus=0", "--object-store-memory=100000000",
-                    f"--temp-dir={tmp}",
-                ],
-                stdout=head_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
-            )  # fmt: skip
-        url = f"http://127.0.0.1:{dash}"
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while True:
-            if head.poll() is not None:
-                pytest.fail(f"ray start exited with {head.returncode}\n{_logs(tmp)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the Ray dashboard did not answer on {url}\n{_logs(tmp)}")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(url + "/api/v0/nodes", timeout=2).status_code in (200, 401):
-                    break
-            time.sleep(0.5)
-        with (tmp / "driver.log").open("wb") as driver_log:
-            driver = subprocess.Popen(
-                [sys.executable, "-c", DRIVER, f"127.0.0.1:{gcs}", str(proxy)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=driver_log,
-                env=env, text=True, start_new_session=True,
-            )  # fmt: skip
-        if not _read_line(driver, time.monotonic() + START_TIMEOUT_SECONDS):
-            pytest.fail(f"the Serve application did not deploy\n{_logs(tmp)}")
-        proxy_url = f"http://127.0.0.1:{proxy}"
-        _send_blocking_requests(proxy_url)
-        yield ServeCluster(url, token, proxy_url, time.monotonic() - started)
-    finally:
-        if driver is not None and driver.stdin is not None:
-            with contextlib.suppress(OSError):
-                driver.stdin.close()
-        _end(driver, grace_seconds=2)
-        _end(head, grace_seconds=15)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with ray_head("glserve-", num_gpus=0, auth_mode="token", extra_ports=1) as head:
+        assert head.token is not None
+        (proxy,) = head.extra_ports
+        driver: subprocess.Popen[str] | None = None
+        try:
+            with (head.tmp / "driver.log").open("wb") as driver_log:
+                driver = subprocess.Popen(
+                    [sys.executable, "-c", DRIVER, head.gcs, str(proxy)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=driver_log,
+                    env=head.env, text=True, start_new_session=True,
+                )  # fmt: skip
+            if not read_line(driver, time.monotonic() + START_TIMEOUT_SECONDS):
+                pytest.fail(f"the Serve application did not deploy\n{head.logs()}")
+            proxy_url = f"http://127.0.0.1:{proxy}"
+            _send_blocking_requests(proxy_url)
+            yield ServeCluster(head.url, head.token, proxy_url, time.monotonic() - started)
+        finally:
+            if driver is not None and driver.stdin is not None:
+                with contextlib.suppress(OSError):
+                    driver.stdin.close()
+            end(driver, grace_seconds=2)
 
 
 def _ledger(cluster: ServeCluster) -> Ledger:
