@@ -103,6 +103,7 @@ def run(scale: int, seconds: float) -> dict[str, Any]:
         "scale": scale,
         "config": configuration,
         "sources_up": sorted(s["source"] for s in document["sources"] if s["up"]),
+        "sources": len(document["sources"]),
         "engines": len(document["engines"]),
         **result,
     }
@@ -119,7 +120,7 @@ def main() -> None:
         print(
             f"scale {r['scale']:>2} ({r['config']}): RSS {r['VmRSS']:.0f} MB, peak "
             f"{r['VmHWM']:.0f} MB (anon {r['RssAnon']:.0f}, file {r['RssFile']:.0f}); "
-            f"{len(r['sources_up'])}/6 sources up, {r['engines']} engines",
+            f"{len(r['sources_up'])}/{r['sources']} sources up, {r['engines']} engines",
             flush=True,
         )
 
