@@ -233,19 +233,7 @@ def measure(case: str, url: str, cycles: int) -> dict[str, Any]:
     cpu = time.process_time() - cpu
     wall = time.monotonic() - wall
     pipeline.close()
-    return {
-        "case": case,
-        "cycles": cycles,
-        "reasons": sorted(reasons),
-        "rss_start_mib": round(start, 1),
-        "rss_steady_mib": round(rss[-1], 1),
-        "rss_max_after_cycle_mib": round(max(rss), 1),
-        "rss_peak_mib": round(_status()["VmHWM"], 1),
-        "rss_by_cycle_mib": [round(r) for r in rss],
-        "up_per_cycle": up / cycles,
-        "cpu_s_per_cycle": round(cpu / cycles, 3),
-        "wall_s_per_cycle": round(wall / cycles, 3),
-    }
+    return _figures(case, cycles, reasons, start, rss, up, cpu, wall)
 
 
 def measure_serve(case: str, url: str, cycles: int) -> dict[str, Any]:
@@ -272,6 +260,20 @@ def measure_serve(case: str, url: str, cycles: int) -> dict[str, Any]:
         rss.append(_status()["VmRSS"])
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
     runner.close()
+    return _figures(case, cycles, reasons, start, rss, up, cpu, wall)
+
+
+def _figures(
+    case: str,
+    cycles: int,
+    reasons: set[str],
+    start: float,
+    rss: list[float],
+    up: float,
+    cpu: float,
+    wall: float,
+) -> dict[str, Any]:
+    """One case's figures, the same keys for every source."""
     return {
         "case": case,
         "cycles": cycles,
