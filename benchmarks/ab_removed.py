@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "exporter"), str(ROOT)]
 
 from benchmarks.bench_node import CHILD
-from gpuledger.collector import LedgerCollector, Published
-from gpuledger.exposition import render_text
+from gpuledger.export.collector import LedgerCollector, Published
+from gpuledger.export.exposition import render_text
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter
 from gpuledger.sim.fake_nvml import STATE_ENV
+from gpuledger.web.server import Exporter
 
 BEFORE = "e15957a"  # the last commit with the Family renderer and the tuning
 
@@ -76,7 +76,7 @@ def run(scale: int, cycles: int) -> dict[str, float]:
     old_collector = _old_module(
         "old_collector",
         "exporter/gpuledger/collector.py",
-        {"from gpuledger.exposition import": "from old_exposition import"},
+        {"from gpuledger.export.exposition import": "from old_exposition import"},
     )
     code = CHILD.format(exporter=str(ROOT / "exporter"), root=str(ROOT), scale=scale)
     child = subprocess.Popen(

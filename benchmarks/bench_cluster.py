@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporter"))
 
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
+from gpuledger.web.server import Exporter
 
 NO_TRACE = "--no-trace" in sys.argv
 

@@ -39,12 +39,12 @@ import pynvml
 import requests
 
 from benchmarks.scrape_latency import Scraper, p99
-from gpuledger.collector import Published
+from gpuledger.export.collector import Published
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.protocols.podresources import api_pb2, api_pb2_grpc
-from gpuledger.server import Exporter, serve
 from gpuledger.sim.fake_nvml import STATE_ENV
-from gpuledger.sources.procfs import _read as read_proc_file
+from gpuledger.sources.procfs.source import _read as read_proc_file
+from gpuledger.web.server import Exporter, serve
 
 CHILD = """
 import json, sys

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "exporter"))
 
-from gpuledger.sources.vllm_metrics import ExpositionError, parse_exposition
+from gpuledger.sources.engines.exposition import ExpositionError, parse_exposition
 
 BODY = 8 * 1024 * 1024
 RUNNING = "vllm:num_requests_running"

@@ -204,8 +204,8 @@ def _status() -> dict[str, float]:
 
 def measure(case: str, url: str, cycles: int) -> dict[str, Any]:
     from gpuledger.pipeline import Pipeline, PipelineConfig, _ray_client
-    from gpuledger.sources.ray import RayClusterSource
-    from gpuledger.sources.vllm import VllmScraper, VllmSource
+    from gpuledger.sources.engines.source import VllmScraper, VllmSource
+    from gpuledger.sources.ray.state import RayClusterSource
 
     source_kind = CASES[case][0]
     config = PipelineConfig(node="bench", mode="cluster", ray_address=url)
@@ -242,7 +242,7 @@ def measure_serve(case: str, url: str, cycles: int) -> dict[str, Any]:
     from gpuledger.model import Snapshots
     from gpuledger.model.ray import RAY_LOCAL, LocalRayNode, RayNode, RaySnapshot
     from gpuledger.sources.base import SourceRunner
-    from gpuledger.sources.serve import ServeClient, ServeSource
+    from gpuledger.sources.ray.serve import ServeClient, ServeSource
 
     node = RayNode(SERVE_NODE, "127.0.0.1", None, "ALIVE", True)
     inputs = Snapshots({RAY_LOCAL: (LocalRayNode(RaySnapshot(nodes=(node,)), node, None),)})

@@ -24,14 +24,14 @@ from dataclasses import dataclass
 
 import pynvml
 
-from gpuledger.collector import Published, snapshot_families
-from gpuledger.exposition import render_text
+from gpuledger.export.collector import Published, snapshot_families
+from gpuledger.export.exposition import render_text
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Snapshots
 from gpuledger.model.nvml import NVML, NvmlSnapshot
 from gpuledger.model.procfs import PROCESSES
 from gpuledger.sources.nvml import NvmlSource
-from gpuledger.sources.procfs import ProcfsSource
+from gpuledger.sources.procfs.source import ProcfsSource
 
 TITLE = "gpuledger-check-worker"
 SECRET = "hf_gpucheck_secret"  # noqa: S105 (a canary the ledger must not carry)

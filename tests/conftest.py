@@ -10,9 +10,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger.pipeline import Pipeline
-from gpuledger.server import Exporter
 from gpuledger.sim.harness import SimulatedNode
 from gpuledger.sim.scenario import Scenario, parse_scenario
+from gpuledger.web.server import Exporter
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.collector import Published, dropped_series
+from gpuledger.export.collector import Published, dropped_series
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Key, Snapshots, SourceStatus
 from gpuledger.model.kubernetes import PODS
@@ -26,13 +26,13 @@ from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL
 from gpuledger.model.serve import SERVE
 from gpuledger.model.vllm import VLLM
 from gpuledger.sources.base import DISABLED, NotConfigured, Source, SourceRunner, Started
-from gpuledger.sources.kubernetes import PodInformer
+from gpuledger.sources.engines.source import VllmScraper, VllmSource
+from gpuledger.sources.kubernetes.pods import PodInformer
 from gpuledger.sources.nvml import NvmlSource
 from gpuledger.sources.podresources import PodResourcesSource
-from gpuledger.sources.procfs import ProcfsSource
-from gpuledger.sources.ray import RayClusterSource, RayLocalSource, RayStateClient
-from gpuledger.sources.serve import ServeClient, ServeSource
-from gpuledger.sources.vllm import VllmScraper, VllmSource
+from gpuledger.sources.procfs.source import ProcfsSource
+from gpuledger.sources.ray.serve import ServeClient, ServeSource
+from gpuledger.sources.ray.state import RayClusterSource, RayLocalSource, RayStateClient
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuledger.explain import explain, render_text
+from gpuledger.explain.chain import explain, render_text
 from tests.conftest import pick, samples, value
 from tests.e2e.servers import Served, demo, serve_without_hardware
 

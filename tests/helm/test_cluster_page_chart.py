@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.agents import AGENT_SELECTOR, COMPONENT_LABEL, PORT_NAME, find_agents
+from gpuledger.explain.agents import AGENT_SELECTOR, COMPONENT_LABEL, PORT_NAME, find_agents
 from tests.helm.chart import (
     NAMESPACE,
     Manifest,

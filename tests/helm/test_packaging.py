@@ -164,7 +164,11 @@ def test_install_runtime_into_a_fresh_venv(tmp_path: Path) -> None:
     )
     assert version.stdout.strip() == f"gpuledger {__version__}"
     imported = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import gpuledger.cli; print(gpuledger.cli.__file__)"],
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import gpuledger.cli.main; print(gpuledger.cli.main.__file__)",
+        ],
         capture_output=True,
         text=True,
         check=True,

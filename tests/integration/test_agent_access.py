@@ -24,15 +24,15 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuledger.cli import build_parser, cluster_ledger_page, main, serve_config
-from gpuledger.collector import Published
-from gpuledger.document import ledger_document
+from gpuledger.cli.main import build_parser, cluster_ledger_page, main, serve_config
+from gpuledger.export.collector import Published
+from gpuledger.export.document import ledger_document
 from gpuledger.pipeline import Pipeline
-from gpuledger.server import Exporter, GatedHTTPServer, serve
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_agent_pod, make_pod
 from gpuledger.sim.harness import SimulatedNode
 from gpuledger.sim.scenario import load_scenario
-from gpuledger.webconfig import load_web_config
+from gpuledger.web.server import Exporter, GatedHTTPServer, serve
+from gpuledger.web.webconfig import load_web_config
 from tests.certs import Issued, issue
 from tests.conftest import REPO
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.document import ledger_document
+from gpuledger.export.document import ledger_document
 from tests.conftest import pick, value
 
 GPUS = [f"GPU-30000000-0000-4000-8000-{i:012d}" for i in range(8)]
@@ -200,8 +200,8 @@ def test_one_server_with_unreadable_sockets_is_still_joined(simulate: Any) -> No
 
 
 def test_explain_and_the_page_say_when_engines_are_not_told_apart(simulate: Any) -> None:
-    from gpuledger.explain import explain, render_text
-    from gpuledger.page import render_page
+    from gpuledger.explain.chain import explain, render_text
+    from gpuledger.web.node_page import render_page
 
     run = simulate(shared_pod("unreadable"))
     run.settle()

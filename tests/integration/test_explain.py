@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.explain import EXIT_NOT_FOUND, ExplainError, explain, render_text
+from gpuledger.explain.chain import EXIT_NOT_FOUND, ExplainError, explain, render_text
 from gpuledger.sim.harness import settled_document
 from gpuledger.sim.scenario import load_scenario
 from tests.conftest import REPO

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpuledger.cli import demo_scenario_path
-from gpuledger.explain import (
+from gpuledger.cli.main import demo_scenario_path
+from gpuledger.explain.chain import (
     EXIT_NOT_FOUND,
     ORDINAL_NOTE,
     ExplainError,

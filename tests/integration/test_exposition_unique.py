@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from benchmarks.dense_node import dense_node
 
-from gpuledger.cli import demo_scenario_path
-from gpuledger.collector import snapshot_families
-from gpuledger.exposition import render_text
+from gpuledger.cli.main import demo_scenario_path
+from gpuledger.export.collector import snapshot_families
+from gpuledger.export.exposition import render_text
 from gpuledger.pipeline import Pipeline
 from gpuledger.sim.harness import SimulatedNode
 from gpuledger.sim.scenario import Scenario, load_scenario, parse_scenario

@@ -20,7 +20,7 @@ import pytest
 
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, self_signed_certificate
 from gpuledger.sources.base import SourceError
-from gpuledger.sources.kubernetes import PodInformer
+from gpuledger.sources.kubernetes.pods import PodInformer
 
 NODE = "gpu-node-1"
 TOKEN = "in-cluster-token-7f3c"
@@ -155,8 +155,8 @@ HEAVY_MODULES = (
 
 AGENT = """
 import json, sys, time
-from gpuledger.cli import main  # everything `gpuledger serve` imports
-from gpuledger.sources.kubernetes import PodInformer
+from gpuledger.cli.main import main  # everything `gpuledger serve` imports
+from gpuledger.sources.kubernetes.pods import PodInformer
 informer = PodInformer("node", node_name=sys.argv[1], service_account_dir=sys.argv[2])
 ok = informer.wait_synced(10)
 names = sorted(p.name for p in informer.fetch().pods) if ok else []

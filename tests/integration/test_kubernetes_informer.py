@@ -18,7 +18,7 @@ from gpuledger.identity.scheduling import DEFAULT_GPU_RESOURCES
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
 from gpuledger.sources.base import SourceError
-from gpuledger.sources.kubernetes import PodInformer, bare_container_id, gpu_request, pod_info
+from gpuledger.sources.kubernetes.pods import PodInformer, bare_container_id, gpu_request, pod_info
 
 T = TypeVar("T")
 NODE = "gpu-node-1"

@@ -195,7 +195,7 @@ def test_allocated_unused_and_unallocated_use_per_mig_device(simulate: Any) -> N
 
 
 def test_ledger_json_carries_mig_devices_under_their_gpu(simulate: Any) -> None:
-    from gpuledger.document import ledger_document
+    from gpuledger.export.document import ledger_document
 
     run = simulate(mig_node("single"))
     run.settle()

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from gpuledger.explain import explain, render_text
-from gpuledger.page import render_page
+from gpuledger.explain.chain import explain, render_text
 from gpuledger.sim.harness import settled_document
 from gpuledger.sim.scenario import parse_scenario
+from gpuledger.web.node_page import render_page
 from tests.integration.test_mig_attribution import GPU_A, GPU_B, GPU_PLAIN, MIGS, mig_node
 
 SIMULATED = "SIMULATED: mig-node served by gpuledger demo or simulate, not real hardware\n"

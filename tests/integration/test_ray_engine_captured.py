@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 
-from gpuledger.document import ledger_document
+from gpuledger.export.document import ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter
 from gpuledger.sim.fake_nvml import (
     STATE_ENV,
     FakeGpu,
@@ -34,6 +33,7 @@ from gpuledger.sim.fake_nvml import (
 from gpuledger.sim.fake_ray import FakeRayDashboard
 from gpuledger.sim.harness import write_proc_root
 from gpuledger.sim.scenario import SimProcess
+from gpuledger.web.server import Exporter
 from tests.conftest import REPO, Sample, pick, samples, value
 
 CAPTURE = REPO / "tests" / "fixtures" / "ray" / "vllm-0.32-ray"

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from gpuledger.cli import main
-from gpuledger.document import ledger_document
-from gpuledger.explain import explain, render_text
+from gpuledger.cli.main import main
+from gpuledger.explain.chain import explain, render_text
+from gpuledger.export.document import ledger_document
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_agent_pod, make_pod
 from gpuledger.sim.scenario import Scenario, load_scenario
 from tests.conftest import REPO, Run, Sample, pick, samples, value

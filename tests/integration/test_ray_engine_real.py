@@ -29,10 +29,9 @@ from typing import Any
 
 import pytest
 
-from gpuledger.document import ledger_document
-from gpuledger.explain_ray import RayWorkers, footprint, footprint_lines, with_footprints
+from gpuledger.explain.ray import RayWorkers, footprint, footprint_lines, with_footprints
+from gpuledger.export.document import ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter
 from gpuledger.sim.fake_nvml import (
     STATE_ENV,
     FakeGpu,
@@ -42,6 +41,7 @@ from gpuledger.sim.fake_nvml import (
     write_state,
 )
 from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
+from gpuledger.web.server import Exporter
 from tests.conftest import Sample, pick, samples, value
 from tests.integration.ray_head import RayHead, end, ray_head, read_line
 

@@ -29,7 +29,7 @@ from gpuledger.sim.fake_ray import (
     placement_group_entry,
 )
 from gpuledger.sources.base import SourceError, SourceRunner
-from gpuledger.sources.ray import RayStateClient
+from gpuledger.sources.ray.state import RayStateClient
 from tests.json_shape import same_shape
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ray"

@@ -43,7 +43,7 @@ from gpuledger.sim.fake_ray import (
     placement_group_entry,
 )
 from gpuledger.sources.base import SourceError
-from gpuledger.sources.ray import RayStateClient
+from gpuledger.sources.ray.state import RayStateClient
 from tests.integration.ray_head import end, ray_head, read_line
 from tests.json_shape import same_shape
 
@@ -382,7 +382,6 @@ def test_exporter_joins_real_ray_actors_to_their_gpu_memory(
     """The whole exporter against real Ray: logical GPUs from the state API, physical memory
     from NVML by the actors' real PIDs (fake NVML listing them), through the real /proc."""
     from gpuledger.pipeline import Pipeline, PipelineConfig
-    from gpuledger.server import Exporter
     from gpuledger.sim.fake_nvml import (
         STATE_ENV,
         FakeGpu,
@@ -391,6 +390,7 @@ def test_exporter_joins_real_ray_actors_to_their_gpu_memory(
         build_fake_nvml,
         write_state,
     )
+    from gpuledger.web.server import Exporter
     from tests.conftest import samples, value
 
     uuids = [f"GPU-70000000-0000-4000-8000-00000000000{i}" for i in range(2)]

@@ -29,15 +29,15 @@ from typing import Any
 
 import pytest
 
-from gpuledger.collector import Published
-from gpuledger.document import ledger_document
-from gpuledger.explain import verdicts
+from gpuledger.explain.chain import verdicts
+from gpuledger.export.collector import Published
+from gpuledger.export.document import ledger_document
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Snapshots
 from gpuledger.model.ray import RAY_LOCAL
 from gpuledger.model.serve import SERVE
-from gpuledger.sources.ray import RayLocalSource, RayStateClient
-from gpuledger.sources.serve import ServeClient, ServeSource
+from gpuledger.sources.ray.serve import ServeClient, ServeSource
+from gpuledger.sources.ray.state import RayLocalSource, RayStateClient
 from tests.integration.ray_head import end, ray_head, read_line
 
 pytestmark = pytest.mark.slow

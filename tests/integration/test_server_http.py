@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger import server
-from gpuledger.collector import Published
-from gpuledger.server import Exporter, serve
+from gpuledger.export.collector import Published
+from gpuledger.web import server
+from gpuledger.web.server import Exporter, serve
 from tests.reliability.harness import Node
 from tests.reliability.scenarios import churn_node
 from tests.security.helpers import gpuledger

@@ -10,7 +10,7 @@ import pytest
 
 from gpuledger.model.vllm import EngineScrape, EngineTarget, VllmSnapshot
 from gpuledger.sim.fake_vllm import FAULTS, FakeEngine, FakeVllmServer, Fault
-from gpuledger.sources.vllm import VllmScraper
+from gpuledger.sources.engines.source import VllmScraper
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TIMEOUT = 0.5

@@ -21,10 +21,10 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuledger.document import ledger_document
-from gpuledger.explain import verdicts
+from gpuledger.explain.chain import verdicts
+from gpuledger.explain.verdict import Thresholds
+from gpuledger.export.document import ledger_document
 from gpuledger.sim.scenario import Scenario
-from gpuledger.verdict import Thresholds
 from tests.conftest import Run
 from tests.mixin.helpers import run, tool
 

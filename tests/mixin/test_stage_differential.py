@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from gpuledger.cli import demo_scenario_path
+from gpuledger.cli.main import demo_scenario_path
+from gpuledger.explain.verdict import STAGES, Thresholds
 from gpuledger.sim.scenario import load_scenario
-from gpuledger.verdict import STAGES, Thresholds
 from tests.mixin.helpers import REPO, config, recordings, render_module, rule_groups
 from tests.mixin.stage_differential import (
     Snapshot,

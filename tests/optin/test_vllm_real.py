@@ -45,8 +45,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger.ledger.engines import VllmProcess, group_vllm_processes, parse_vllm_title
 from gpuledger.model.vllm import EngineMetrics
-from gpuledger.sources.procfs import ProcfsSource, parse_title
-from gpuledger.sources.vllm_metrics import parse_exposition
+from gpuledger.sources.engines.exposition import parse_exposition
+from gpuledger.sources.procfs.source import ProcfsSource, parse_title
 
 VLLM_BIN_ENV = "GPULEDGER_VLLM_BIN"
 # "serve" (`vllm serve`), "module" (`python -m vllm.entrypoints.openai.api_server`) or
@@ -437,7 +437,6 @@ def _run_pipeline(
     the real engine's /metrics (and those of `also`). Returns (exposition, published,
     samples)."""
     from gpuledger.pipeline import Pipeline, PipelineConfig
-    from gpuledger.server import Exporter
     from gpuledger.sim.fake_nvml import (
         STATE_ENV,
         FakeGpu,
@@ -446,6 +445,7 @@ def _run_pipeline(
         build_fake_nvml,
         write_state,
     )
+    from gpuledger.web.server import Exporter
     from tests.conftest import samples
 
     state = tmp / "nvml.state"
@@ -516,7 +516,7 @@ def _assert_no_secrets(server: Server, *texts: str) -> None:
 
 
 def _ledger_json(published: Any) -> str:
-    from gpuledger.document import ledger_document
+    from gpuledger.export.document import ledger_document
 
     return json.dumps(ledger_document(published), default=str)
 
@@ -800,7 +800,7 @@ class TestSingleEngine:
         """The brief's literal configuration: no NVML library at all. The engine's own
         series still come through; the process join needs NVML's PIDs, so it is absent."""
         from gpuledger.pipeline import Pipeline, PipelineConfig
-        from gpuledger.server import Exporter
+        from gpuledger.web.server import Exporter
         from tests.conftest import samples
 
         pipeline = Pipeline(

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter, serve
 from gpuledger.sim.harness import SimulatedNode
 from gpuledger.sim.scenario import Scenario, parse_scenario
+from gpuledger.web.server import Exporter, serve
 from tests.conftest import Sample, pick, samples
 
 # Families that describe the exporter itself: they change every cycle by design.

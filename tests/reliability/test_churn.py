@@ -25,7 +25,7 @@ from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sim.fake_nvml import FakeNvmlState, write_state
 from gpuledger.sim.harness import nvml_state
 from gpuledger.sim.scenario import parse_scenario
-from gpuledger.sources import procfs
+from gpuledger.sources.procfs import source as procfs
 from tests.conftest import REPO, Sample, pick, value
 from tests.reliability.harness import Node, errors, open_fds, source_up
 from tests.reliability.scenarios import CHURN_GPUS, GIB, churn_node, job_uid

@@ -47,14 +47,14 @@ from gpuledger.sim.fake_nvml import (
     write_state,
 )
 from gpuledger.sim.scenario import Scenario, ScenarioError, load_scenario
-from gpuledger.sources import ray as ray_source
 from gpuledger.sources.base import SourceError, SourceRunner
-from gpuledger.sources.kubernetes import PodInformer
+from gpuledger.sources.engines.source import REASONS as VLLM_REASONS
+from gpuledger.sources.engines.source import VllmScraper
+from gpuledger.sources.kubernetes.pods import PodInformer
 from gpuledger.sources.nvml import NvmlSource
 from gpuledger.sources.podresources import PodResourcesSource
-from gpuledger.sources.procfs import ProcfsSource
-from gpuledger.sources.vllm import REASONS as VLLM_REASONS
-from gpuledger.sources.vllm import VllmScraper
+from gpuledger.sources.procfs.source import ProcfsSource
+from gpuledger.sources.ray import state as ray_source
 from tests.reliability.harness import BodyServer
 
 FUZZ = settings(

@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from gpuledger.explain import ExplainError, fetch_document
+from gpuledger.explain.chain import ExplainError, fetch_document
 from gpuledger.model import Snapshots
 from gpuledger.model.ray import RAY_LOCAL, LocalRayNode, RayNode, RaySnapshot
 from gpuledger.pipeline import PipelineConfig
 from gpuledger.sources.base import SourceRunner
-from gpuledger.sources.serve import ServeClient, ServeSource
+from gpuledger.sources.ray.serve import ServeClient, ServeSource
 from tests.conftest import REPO, Sample, pick
 from tests.reliability.harness import Node, errors, rss_bytes, series, source_up, status_of
 from tests.reliability.hostile import (

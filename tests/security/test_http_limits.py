@@ -20,15 +20,15 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from gpuledger.explain import ExplainError, fetch_document
+from gpuledger.explain.chain import ExplainError, fetch_document
 from gpuledger.model.vllm import EngineTarget
-from gpuledger.server import MAX_CONCURRENT_REQUESTS
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sources.base import SourceError, SourceRunner
-from gpuledger.sources.kubernetes import PodInformer
+from gpuledger.sources.engines.source import VllmScraper
+from gpuledger.sources.kubernetes.pods import PodInformer
 from gpuledger.sources.podresources import PodResourcesSource
-from gpuledger.sources.ray import RayStateClient
-from gpuledger.sources.vllm import VllmScraper
+from gpuledger.sources.ray.state import RayStateClient
+from gpuledger.web.server import MAX_CONCURRENT_REQUESTS
 from tests.reliability.harness import Node, StreamServer
 from tests.reliability.scenarios import churn_node
 from tests.security.helpers import gpuledger

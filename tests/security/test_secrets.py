@@ -19,7 +19,7 @@ import yaml
 
 from gpuledger.sim.harness import SimulatedNode
 from gpuledger.sim.scenario import parse_scenario
-from gpuledger.sources.procfs import ALLOWED_ENV, ALLOWED_FLAGS
+from gpuledger.sources.procfs.source import ALLOWED_ENV, ALLOWED_FLAGS
 from tests.security.helpers import Served, get, gpuledger, sources
 
 MARK = "SeCrEt"

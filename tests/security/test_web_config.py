@@ -17,10 +17,10 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuledger import webconfig
-from gpuledger.server import GatedHTTPServer, serve
 from gpuledger.sim.fake_apiserver import self_signed_certificate
-from gpuledger.webconfig import WebConfig, WebConfigError, load_web_config
+from gpuledger.web import webconfig
+from gpuledger.web.server import GatedHTTPServer, serve
+from gpuledger.web.webconfig import WebConfig, WebConfigError, load_web_config
 from tests.reliability.harness import Node
 from tests.reliability.scenarios import churn_node
 from tests.security.helpers import gpuledger

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.agents import (
+from gpuledger.explain.agents import (
     AGENT_SELECTOR,
     Agent,
     AgentAccess,
@@ -30,7 +30,7 @@ from gpuledger.agents import (
     read_for_query,
     tls_context_of,
 )
-from gpuledger.document import SCHEMA
+from gpuledger.export.document import SCHEMA
 from gpuledger.sim.fake_apiserver import (
     FakeApiServer,
     make_agent_pod,

@@ -34,7 +34,7 @@ def modules_outside(folder: str) -> list[Path]:
 # kubeapi is the kubernetes client's configuration loader, not a source: explain's own
 # discovery of the agents (agents.py) loads the user's kubeconfig with it.
 # (`from gpuledger.sources import kubeapi` names the package too; its other names are checked.)
-CLIENT_LOADER = {"gpuledger.sources", "gpuledger.sources.kubeapi"}
+CLIENT_LOADER = {"gpuledger.sources", "gpuledger.net.kubeapi"}
 CLIENT_LOADER_USERS = {PACKAGE / "agents.py"}
 
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpuledger.agents import Agent, ClusterError, FetchResult
-from gpuledger.cli import main
-from gpuledger.cluster_page import (
+from gpuledger.cli.main import main
+from gpuledger.explain.agents import Agent, ClusterError, FetchResult
+from gpuledger.export.document import SCHEMA
+from gpuledger.web.cluster_page import (
     AgentRead,
     AgentReader,
     Discovery,
@@ -20,7 +21,6 @@ from gpuledger.cluster_page import (
     render,
     static_agents,
 )
-from gpuledger.document import SCHEMA
 
 
 def agent(node: str) -> Agent:

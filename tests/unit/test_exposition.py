@@ -10,9 +10,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuledger.collector import Published
-from gpuledger.exposition import render_text
-from gpuledger.server import Exporter
+from gpuledger.export.collector import Published
+from gpuledger.export.exposition import render_text
+from gpuledger.web.server import Exporter
 
 HOSTILE = [
     "",
@@ -34,7 +34,7 @@ HOSTILE = [
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Published:
     """One cycle of the demo scenario's real pipeline."""
-    from gpuledger.cli import demo_scenario_path
+    from gpuledger.cli.main import demo_scenario_path
     from gpuledger.pipeline import Pipeline
     from gpuledger.sim.harness import SimulatedNode
     from gpuledger.sim.scenario import load_scenario
@@ -76,7 +76,7 @@ def test_scrapes_never_rebuild_the_snapshot(
     def refuse(*args: object) -> None:
         raise AssertionError("a text scrape built the snapshot's families")
 
-    monkeypatch.setattr("gpuledger.collector.snapshot_families", refuse)
+    monkeypatch.setattr("gpuledger.export.collector.snapshot_families", refuse)
     again, _ = exporter.render("text/plain")
     assert without_age(again) == without_age(first)
     with pytest.raises(AssertionError):  # OpenMetrics renders in full, as it always did

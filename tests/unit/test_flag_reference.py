@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.cli import FLAG_TABLE_COMMANDS, build_parser, flag_reference, readme_with_flag_tables
+from gpuledger.cli.main import (
+    FLAG_TABLE_COMMANDS,
+    build_parser,
+    flag_reference,
+    readme_with_flag_tables,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

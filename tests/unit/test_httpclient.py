@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpuledger.httpclient import HttpClient, HttpError, _classify, safe_url
+from gpuledger.net.httpclient import HttpClient, HttpError, _classify, safe_url
 
 Behaviour = Callable[[socket.socket], None]
 

@@ -17,7 +17,7 @@ from gpuledger.model.podresources import PODRESOURCES
 from gpuledger.model.procfs import PROCESSES
 from gpuledger.model.ray import RAY_LOCAL
 from gpuledger.model.vllm import VLLM, EngineTarget, VllmSnapshot, endpoint_of
-from gpuledger.sources.vllm_discovery import discover_targets
+from gpuledger.sources.engines.discovery import discover_targets
 from tests.unit.ledger_inputs import (
     NODE,
     actor,

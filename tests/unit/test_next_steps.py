@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpuledger.verdict import RUNBOOK_URL_PATTERN, STAGE, STAGES, Verdict, next_step_for
+from gpuledger.explain.verdict import RUNBOOK_URL_PATTERN, STAGE, STAGES, Verdict, next_step_for
 from tests.conftest import REPO
 from tests.mixin.helpers import RUNBOOKS, alerts, config, github_anchor
 

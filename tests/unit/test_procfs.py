@@ -7,7 +7,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuledger.sources.procfs import (
+from gpuledger.sources.procfs.source import (
     ProcfsSource,
     parse_environ,
     parse_flags,
@@ -30,11 +30,29 @@ def test_environ_keeps_only_whitelisted_names() -> None:
 
 
 def test_flags_keep_only_engine_configuration() -> None:
-    cmdline = b"\0".join(
-        [b"python3", b"-m", b"vllm.entrypoints.openai.api_server", b"--model", b"/m/llama",
-         b"--api-key", b"sk-123", b"--tensor-parallel-size", b"4", b"--max-num-seqs=128",
-         b"-dp", b"2", b"--hf-token", b"hf_x", b"--served-model-name", b"llama"]
-    ) + b"\0"
+    cmdline = (
+        b"\0".join(
+            [
+                b"python3",
+                b"-m",
+                b"vllm.entrypoints.openai.api_server",
+                b"--model",
+                b"/m/llama",
+                b"--api-key",
+                b"sk-123",
+                b"--tensor-parallel-size",
+                b"4",
+                b"--max-num-seqs=128",
+                b"-dp",
+                b"2",
+                b"--hf-token",
+                b"hf_x",
+                b"--served-model-name",
+                b"llama",
+            ]
+        )
+        + b"\0"
+    )
     assert parse_flags(cmdline) == {
         "tensor_parallel_size": "4",
         "max_num_seqs": "128",

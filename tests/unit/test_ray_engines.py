@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.collector import dropped_series
+from gpuledger.export.collector import dropped_series
 from gpuledger.identity.rayjobs import (
     RayEngineId,
     WorkerRanks,
@@ -27,7 +27,7 @@ from gpuledger.ledger import caps
 from gpuledger.model.ray import LocalRayNode, RayActor, RayJob, RayNode, RaySnapshot
 from gpuledger.model.vllm import EngineTarget, VllmSnapshot
 from gpuledger.sim.fake_ray import placement_group_entry
-from gpuledger.sources.ray import parse_actor, parse_job, parse_node, parse_placement_group
+from gpuledger.sources.ray.state import parse_actor, parse_job, parse_node, parse_placement_group
 from tests.conftest import REPO
 from tests.unit.ledger_inputs import (
     exposition,

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from gpuledger.httpclient import safe_url
 from gpuledger.identity.raynodes import node_for_pod
 from gpuledger.ledger.ray import gpu_actor_counts, pending_gpus, placement_group_counts
 from gpuledger.model.ray import RayActor, RayBundle, RayNode, RayPlacementGroup, RaySnapshot
+from gpuledger.net.httpclient import safe_url
 from gpuledger.sources.base import SourceError
-from gpuledger.sources.ray import (
+from gpuledger.sources.ray.state import (
     MAX_MESSAGE_CHARS,
     RayStateClient,
     gpus_requested,

@@ -14,7 +14,7 @@ GPU = "GPU-11111111-1111-4111-8111-111111111111"
 
 
 def test_demo_scenario_loads() -> None:
-    from gpuledger.cli import demo_scenario_path
+    from gpuledger.cli.main import demo_scenario_path
 
     scenario = load_scenario(demo_scenario_path())
     assert len(scenario.gpus) == 8
@@ -27,8 +27,10 @@ def test_demo_scenario_loads() -> None:
         ({"gpus": [{"uuid": "nvidia0"}]}, "t.yaml: gpus[0].uuid: expected a GPU UUID starting"),
         ({"gpus": [{"uuid": GPU, "utilization": 3}]}, "gpus[0].utilization: expected a ratio"),
         ({"gpus": [{"uuid": GPU}, {"uuid": GPU}]}, "gpus: expected unique GPU UUIDs"),
-        ({"gpus": [{"uuid": GPU}], "processes": [{"pid": 5, "gpu_memory": {"GPU-x": 1}}]},
-         "processes[0].gpu_memory.GPU-x: expected the UUID or index of a GPU"),
+        (
+            {"gpus": [{"uuid": GPU}], "processes": [{"pid": 5, "gpu_memory": {"GPU-x": 1}}]},
+            "processes[0].gpu_memory.GPU-x: expected the UUID or index of a GPU",
+        ),
         ({"processes": [{"pid": 1}]}, "processes[0].pid: expected an integer >= 2"),
         ({"gpu": []}, "t.yaml: gpu: expected one of the keys"),
         ({"nvml": {"variants": ["v9"]}}, "nvml.variants[0]: expected one of no_v3"),
@@ -75,13 +77,39 @@ def test_unreadable_and_non_yaml_files(tmp_path: Any) -> None:
 
 
 yaml_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 2**40) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 2**40)
+    | st.floats(allow_nan=False)
     | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.sampled_from(
-        ["node", "gpus", "processes", "phases", "nvml", "uuid", "pid", "gpu_memory", "name",
-         "memory_total", "cmdline", "environ", "lost", "after", "library", "x"]
-    ) | st.text(max_size=5), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "node",
+                    "gpus",
+                    "processes",
+                    "phases",
+                    "nvml",
+                    "uuid",
+                    "pid",
+                    "gpu_memory",
+                    "name",
+                    "memory_total",
+                    "cmdline",
+                    "environ",
+                    "lost",
+                    "after",
+                    "library",
+                    "x",
+                ]
+            )
+            | st.text(max_size=5),
+            children,
+            max_size=5,
+        )
+    ),
     max_leaves=25,
 )
 

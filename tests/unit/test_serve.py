@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpuledger.collector import Published, dropped_series
-from gpuledger.document import ledger_document
+from gpuledger.export.collector import Published, dropped_series
+from gpuledger.export.document import ledger_document
 from gpuledger.ledger import Ledger, build_ledger, caps
 from gpuledger.model import Snapshots
 from gpuledger.model.kubernetes import PODS
@@ -28,9 +28,9 @@ from gpuledger.model.serve import (
     ServeSnapshot,
 )
 from gpuledger.model.vllm import VLLM, EngineMetrics, EngineScrape, EngineTarget, VllmSnapshot
-from gpuledger.sources.serve import metrics_export_port, parse_applications
-from gpuledger.sources.serve_metrics import MAX_SERIES, parse_serve_metrics
-from gpuledger.sources.vllm_metrics import ExpositionError
+from gpuledger.sources.engines.exposition import ExpositionError
+from gpuledger.sources.ray.serve import metrics_export_port, parse_applications
+from gpuledger.sources.ray.serve_metrics import MAX_SERIES, parse_serve_metrics
 from tests.unit.ledger_inputs import exposition, pod, pods, process, procs, ray_node, series
 from tests.unit.test_cardinality import within_budget
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger.collector import Published
-from gpuledger.document import ledger_document
-from gpuledger.explain import verdicts
+from gpuledger.explain.chain import verdicts
+from gpuledger.export.collector import Published
+from gpuledger.export.document import ledger_document
 from tests.unit.test_serve import _engine, capture_snapshot, serve_ledger
 
 

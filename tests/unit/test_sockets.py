@@ -19,8 +19,8 @@ from gpuledger.identity.sockets import (
     split_endpoint,
 )
 from gpuledger.model.procfs import ListenSocket, ProcessInfo, ProcessSockets
-from gpuledger.sources import procfs_sockets
-from gpuledger.sources.procfs_sockets import api_servers, read_sockets
+from gpuledger.sources.procfs import sockets as procfs_sockets
+from gpuledger.sources.procfs.sockets import api_servers, read_sockets
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "procfs"
 

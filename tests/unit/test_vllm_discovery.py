@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuledger.sources.vllm_discovery import MAX_PORTS_PER_POD, discover_targets
+from gpuledger.sources.engines.discovery import MAX_PORTS_PER_POD, discover_targets
 from tests.unit.ledger_inputs import pod
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpuledger.model.vllm import EngineMetrics
 from gpuledger.sim.fake_vllm import FakeEngine, render_exposition
-from gpuledger.sources.vllm_metrics import (
+from gpuledger.sources.engines.exposition import (
     CACHE_CONFIG_LABELS,
     MAX_ENGINES_PER_TARGET,
     MAX_LINE_CHARS,
@@ -615,7 +615,7 @@ def test_a_line_is_refused_while_it_is_still_arriving() -> None:
     )
 )
 def test_the_fast_path_accepts_only_lines_the_line_check_passes(lines: list[str]) -> None:
-    from gpuledger.sources.vllm_metrics import _OTHER_LINES, _keep_line
+    from gpuledger.sources.engines.exposition import _OTHER_LINES, _keep_line
 
     block = "".join(f"{line}\n" for line in lines)
     if _OTHER_LINES.fullmatch(block) is None:

@@ -23,22 +23,11 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+
+from gpuledger.model.procfs import NO_IDENTITY, CgroupIdentity
 
 __all__ = ["NO_IDENTITY", "CgroupIdentity", "parse_cgroup_file", "parse_cgroup_path"]
 
-
-@dataclass(frozen=True)
-class CgroupIdentity:
-    """Who a process belongs to, as far as its cgroup path tells."""
-
-    pod_uid: str | None  # lowercase; dashed UUID, or 32 hex for static pods
-    container_id: str | None  # bare 64-hex id, runtime prefix removed
-    runtime: str | None  # "containerd" | "cri-o" | "docker" | None
-    qos: str | None  # "guaranteed" | "burstable" | "besteffort" | None
-
-
-NO_IDENTITY = CgroupIdentity(None, None, None, None)
 
 _DASHED_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _STATIC_UID = re.compile(r"[0-9a-f]{32}")

@@ -13,11 +13,11 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuledger.httpclient import safe_url
+from gpuledger.identity.processes import ancestors
+from gpuledger.identity.urls import safe_url
 from gpuledger.ledger import caps
 from gpuledger.ledger.binding import Binding, SocketsRead, bind_target
 from gpuledger.ledger.rayengines import EngineRay
-from gpuledger.ledger.tree import ancestors
 from gpuledger.model import frozen_map
 from gpuledger.model.procfs import ProcessInfo, ProcessSockets
 from gpuledger.model.vllm import EngineMetrics, EngineScrape, VllmSnapshot

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from gpuledger.identity.devices import HostGpu, container_device_map, device_uuid
+from gpuledger.identity.processes import ancestors
 from gpuledger.ledger import caps
 from gpuledger.ledger.engines import Engine, build_engines, cap_engines, known_engine_ids
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
-from gpuledger.ledger.tree import ancestors
 from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from gpuledger.identity.processes import ancestors
 from gpuledger.ledger import caps
 from gpuledger.ledger.engines import Engine, parse_vllm_title
 from gpuledger.ledger.ray import HostPids
-from gpuledger.ledger.tree import ancestors
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.procfs import ProcessInfo
 from gpuledger.model.ray import LocalRayNode, RayActor

@@ -6,9 +6,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpuledger.identity.cgroup import NO_IDENTITY, CgroupIdentity
 from gpuledger.model.base import frozen_map
 from gpuledger.model.bundle import Key
+
+
+@dataclass(frozen=True)
+class CgroupIdentity:
+    """Who a process belongs to, as far as its cgroup path tells."""
+
+    pod_uid: str | None  # lowercase; dashed UUID, or 32 hex for static pods
+    container_id: str | None  # bare 64-hex id, runtime prefix removed
+    runtime: str | None  # "containerd" | "cri-o" | "docker" | None
+    qos: str | None  # "guaranteed" | "burstable" | "besteffort" | None
+
+
+NO_IDENTITY = CgroupIdentity(None, None, None, None)
 
 
 @dataclass(frozen=True)

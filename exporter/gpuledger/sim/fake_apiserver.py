@@ -65,7 +65,7 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes.client
 import yaml
 
-from gpuledger.httpclient import HttpClient, HttpError
+from gpuledger.net.httpclient import HttpClient, HttpError
 
 __all__ = [
     "FakeApiServer",

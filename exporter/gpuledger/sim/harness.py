@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuledger.document import ledger_document
+from gpuledger.export.document import ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sim.fake_apiserver import (
     FakeApiServer,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from gpuledger import __version__
+from gpuledger.identity.urls import safe_url
 
 CHUNK = 64 * 1024
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -60,20 +61,6 @@ class Response:
     # Lower-cased names; only what callers read (content-type), never logged.
     headers: Mapping[str, str]
     body: bytes
-
-
-def safe_url(url: str) -> str:
-    """The URL for messages: scheme, host, port and path only (no userinfo, query)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "<invalid url>"
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{host}:{port}" if port is not None else host
-    return f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else "<invalid url>"
 
 
 class _Watchdog:

@@ -19,15 +19,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.document import SCHEMA
-from gpuledger.explain_ray import (
+from gpuledger.explain.ray import (
     RayWorkers,
     footprint_lines,
     footprint_unknowns,
     with_footprints,
 )
-from gpuledger.httpclient import HttpClient, HttpError, safe_url
-from gpuledger.verdict import STAGES, Thresholds, Verdict, ray_pending_reason, workload_verdict
+from gpuledger.explain.verdict import (
+    STAGES,
+    Thresholds,
+    Verdict,
+    ray_pending_reason,
+    workload_verdict,
+)
+from gpuledger.export.document import SCHEMA
+from gpuledger.identity.urls import safe_url
+from gpuledger.net.httpclient import HttpClient, HttpError
 
 Doc = Mapping[str, Any]
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from gpuledger import agents
-from gpuledger.agents import (
+from gpuledger.explain import agents
+from gpuledger.explain.agents import (
     SERVICE_ACCOUNT_DIR,
     Agent,
     AgentAccess,
@@ -38,7 +38,7 @@ from gpuledger.agents import (
     fetch_documents,
     find_agents,
 )
-from gpuledger.explain import (
+from gpuledger.explain.chain import (
     STAGE_TEXT,
     Fleet,
     Workload,
@@ -46,8 +46,8 @@ from gpuledger.explain import (
     source_state,
     verdicts,
 )
-from gpuledger.page import STYLE, simulated_banner
-from gpuledger.verdict import STAGE, Thresholds, Verdict
+from gpuledger.explain.verdict import STAGE, Thresholds, Verdict
+from gpuledger.web.node_page import STYLE, simulated_banner
 
 log = logging.getLogger(__name__)
 

@@ -53,10 +53,11 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from gpuledger.document import SCHEMA
-from gpuledger.explain_ray import ray_worker_ips
-from gpuledger.httpclient import HttpClient, HttpError, safe_url
+from gpuledger.explain.ray import ray_worker_ips
+from gpuledger.export.document import SCHEMA
 from gpuledger.identity.scheduling import workload_of
+from gpuledger.identity.urls import safe_url
+from gpuledger.net.httpclient import HttpClient, HttpError
 
 __all__ = [
     "AGENT_SELECTOR",
@@ -660,7 +661,7 @@ def connect(
     when the service account's files are mounted; else $KUBECONFIG or ~/.kube/config.
     The kubernetes client loads the configuration (every authenticator it supports);
     the requests themselves go through HttpClient."""
-    from gpuledger.sources import kubeapi  # noqa: PLC0415 (only discovery needs it)
+    from gpuledger.net import kubeapi  # noqa: PLC0415 (only discovery needs it)
 
     service_account_dir = service_account_dir or SERVICE_ACCOUNT_DIR
     in_cluster = kubeconfig is None and Path(service_account_dir, "token").is_file()

@@ -9,8 +9,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from gpuledger.explain import source_state, verdicts
-from gpuledger.verdict import workload_verdict
+from gpuledger.explain.chain import source_state, verdicts
+from gpuledger.explain.verdict import workload_verdict
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#1b1f24}

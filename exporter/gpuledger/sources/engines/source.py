@@ -4,8 +4,8 @@
 size, and turns every failure into that engine's own ``up=False`` plus a reason from
 :data:`REASONS` (or ``http_<status>``). One bad engine never affects another, and
 :meth:`VllmScraper.scrape` does not raise. :class:`VllmSource` is the pipeline's source: it
-finds targets (:mod:`gpuledger.sources.vllm_discovery`) and scrapes them. Parsing lives in
-:mod:`gpuledger.sources.vllm_metrics`.
+finds targets (:mod:`gpuledger.sources.engines.discovery`) and scrapes them. Parsing lives in
+:mod:`gpuledger.sources.engines.exposition`.
 
 Secrets: response bodies and header values never reach an error message or a log line
 (an error page may echo a token). URLs in messages lose userinfo, query and fragment.
@@ -21,13 +21,14 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 
-from gpuledger.httpclient import HttpClient, HttpError, safe_url
+from gpuledger.identity.urls import safe_url
 from gpuledger.model import Snapshots
 from gpuledger.model.kubernetes import PODS
 from gpuledger.model.vllm import VLLM, EngineMetrics, EngineScrape, EngineTarget, VllmSnapshot
+from gpuledger.net.httpclient import HttpClient, HttpError
 from gpuledger.sources.base import Source
-from gpuledger.sources.vllm_discovery import discover_targets
-from gpuledger.sources.vllm_metrics import ExpositionError, ExpositionReader, VllmLines
+from gpuledger.sources.engines.discovery import discover_targets
+from gpuledger.sources.engines.exposition import ExpositionError, ExpositionReader, VllmLines
 
 log = logging.getLogger(__name__)
 

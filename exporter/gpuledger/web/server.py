@@ -28,11 +28,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import choose_encoder
 
 from gpuledger import __version__
-from gpuledger.collector import LedgerCollector, Published
-from gpuledger.document import ledger_document
-from gpuledger.exposition import render_text
-from gpuledger.page import render_page, simulated_banner
-from gpuledger.webconfig import TlsContext, WebConfig
+from gpuledger.export.collector import LedgerCollector, Published
+from gpuledger.export.document import ledger_document
+from gpuledger.export.exposition import render_text
+from gpuledger.web.node_page import render_page, simulated_banner
+from gpuledger.web.webconfig import TlsContext, WebConfig
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 
+from gpuledger.identity.processes import ancestors
 from gpuledger.identity.sockets import line_state, lists_listeners, parse_link, parse_listener
-from gpuledger.ledger.tree import ancestors
 from gpuledger.model.procfs import ListenSocket, ProcessInfo, ProcessSockets
 
 MAX_FDS = 4096

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from gpuledger.model.serve import ServeReplicaLoad, ServeRouterQueue
-from gpuledger.sources.vllm_metrics import ExpositionError, ExpositionReader, _samples
+from gpuledger.sources.engines.exposition import ExpositionError, ExpositionReader, _samples
 
 QUEUED = "ray_serve_deployment_queued_queries"
 AT_REPLICAS = "ray_serve_num_ongoing_requests_at_replicas"

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from gpuledger.httpclient import HttpClient, HttpError, safe_url
+from gpuledger.identity.urls import safe_url
 from gpuledger.model import Snapshots
 from gpuledger.model.ray import RAY_LOCAL, LocalRayNode
 from gpuledger.model.serve import (
@@ -45,10 +45,11 @@ from gpuledger.model.serve import (
     ServeRouterQueue,
     ServeSnapshot,
 )
+from gpuledger.net.httpclient import HttpClient, HttpError
 from gpuledger.sources.base import Source, SourceError
-from gpuledger.sources.ray import JsonReader, _base_url, one_line
-from gpuledger.sources.serve_metrics import MetricsBody
-from gpuledger.sources.vllm_metrics import ExpositionError
+from gpuledger.sources.engines.exposition import ExpositionError
+from gpuledger.sources.ray.serve_metrics import MetricsBody
+from gpuledger.sources.ray.state import JsonReader, _base_url, one_line
 
 # Bounded vocabulary for SourceError.reason and item errors (a label value).
 REASONS: Final[tuple[str, ...]] = (

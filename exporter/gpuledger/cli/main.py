@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
-from gpuledger import __version__, cluster_page
-from gpuledger.agents import (
+from gpuledger import __version__
+from gpuledger.explain.agents import (
     PROXY_REFUSES_AUTH,
     AgentAccess,
     AgentAccessError,
@@ -28,18 +28,19 @@ from gpuledger.agents import (
     connect,
     read_for_query,
 )
-from gpuledger.explain import (
+from gpuledger.explain.chain import (
     EXIT_UNREACHABLE,
     ExplainError,
     explain,
     fetch_document,
     render_text,
 )
-from gpuledger.httpclient import safe_url
+from gpuledger.identity.urls import safe_url
 from gpuledger.logs import setup_logging
 from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.server import Exporter, LedgerPage, node_ledger_page, parse_listen, serve
-from gpuledger.webconfig import WebConfigError, load_web_config
+from gpuledger.web import cluster_page
+from gpuledger.web.server import Exporter, LedgerPage, node_ledger_page, parse_listen, serve
+from gpuledger.web.webconfig import WebConfigError, load_web_config
 
 # The simulator (and PyYAML, and the fake NVML's C build) is imported only inside the
 # commands that use it: `gpuledger serve` never loads gpuledger.sim

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from gpuledger.httpclient import HttpClient, HttpError, safe_url
 from gpuledger.identity.rayjobs import driver_node, engine_dp_rank
 from gpuledger.identity.raynodes import PodNodes
+from gpuledger.identity.urls import safe_url
 from gpuledger.model import Snapshots, frozen_map
 from gpuledger.model.kubernetes import PODS, PodInfo
 from gpuledger.model.ray import (
@@ -51,6 +51,7 @@ from gpuledger.model.ray import (
     RayPlacementGroup,
     RaySnapshot,
 )
+from gpuledger.net.httpclient import HttpClient, HttpError
 from gpuledger.sources.base import Source, SourceError
 
 T = TypeVar("T")

@@ -41,7 +41,6 @@ from typing import Any, Literal
 
 import urllib3.exceptions
 
-from gpuledger.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.identity.scheduling import (
     DEFAULT_GPU_RESOURCES,
     classify_pending,
@@ -51,9 +50,10 @@ from gpuledger.identity.scheduling import (
 )
 from gpuledger.model import Snapshots, frozen_map
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
-from gpuledger.sources import kubeapi
+from gpuledger.net import kubeapi
+from gpuledger.net.bounded import BodyTimedOut, BodyTooLarge, read_bounded
+from gpuledger.net.kubeapi import ApiException
 from gpuledger.sources.base import Source, SourceError
-from gpuledger.sources.kubeapi import ApiException
 
 __all__ = [
     "InformerStats",

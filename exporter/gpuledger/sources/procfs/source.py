@@ -21,7 +21,7 @@ from gpuledger.model import Snapshots, frozen_map
 from gpuledger.model.nvml import NVML
 from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
 from gpuledger.sources.base import Source, SourceError
-from gpuledger.sources.procfs_sockets import api_servers, read_sockets
+from gpuledger.sources.procfs.sockets import api_servers, read_sockets
 
 log = logging.getLogger(__name__)
 
