@@ -167,7 +167,7 @@ def test_install_runtime_into_a_fresh_venv(tmp_path: Path) -> None:
         [
             str(venv / "bin" / "python"),
             "-c",
-            "import gpuledger.cli.main; print(gpuledger.cli.main.__file__)",
+            "import gpuledger.cli; print(gpuledger.cli.__file__)",
         ],
         capture_output=True,
         text=True,

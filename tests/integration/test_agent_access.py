@@ -24,7 +24,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuledger.cli.main import build_parser, cluster_ledger_page, main, serve_config
+from gpuledger.cli import main
+from gpuledger.cli.flags import build_parser
+from gpuledger.cli.serve import cluster_ledger_page, serve_config
 from gpuledger.export.collector import Published
 from gpuledger.export.document import ledger_document
 from gpuledger.pipeline import Pipeline

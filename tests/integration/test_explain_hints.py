@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.cli.main import demo_scenario_path
+from gpuledger.cli.simulate import demo_scenario_path
 from gpuledger.explain.chain import (
     EXIT_NOT_FOUND,
     ORDINAL_NOTE,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from benchmarks.dense_node import dense_node
 
-from gpuledger.cli.main import demo_scenario_path
+from gpuledger.cli.simulate import demo_scenario_path
 from gpuledger.export.collector import snapshot_families
 from gpuledger.export.exposition import render_text
 from gpuledger.pipeline import Pipeline

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.cli.main import kubectl_main, main
+from gpuledger.cli import kubectl_main, main
 from gpuledger.explain import agents as agents_module
 from gpuledger.sim.fake_apiserver import (
     FakeApiServer,
@@ -303,7 +303,7 @@ def test_the_kubectl_plugin_is_explain(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["kubectl-gpuledger"] == "gpuledger.cli.main:kubectl_main"
+    assert scripts["kubectl-gpuledger"] == "gpuledger.cli:kubectl_main"
     capsys.readouterr()
     code = kubectl_main(["--kubeconfig", str(cluster.kubeconfig), "--pod", "serve/llama-0"])
     assert code == 0

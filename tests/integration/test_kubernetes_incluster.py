@@ -155,7 +155,7 @@ HEAVY_MODULES = (
 
 AGENT = """
 import json, sys, time
-from gpuledger.cli.main import main  # everything `gpuledger serve` imports
+from gpuledger.cli import main  # everything `gpuledger serve` imports
 from gpuledger.sources.kubernetes.pods import PodInformer
 informer = PodInformer("node", node_name=sys.argv[1], service_account_dir=sys.argv[2])
 ok = informer.wait_synced(10)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.cli.main import main
+from gpuledger.cli import main
 from gpuledger.explain.chain import explain, render_text
 from gpuledger.export.document import ledger_document
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_agent_pod, make_pod

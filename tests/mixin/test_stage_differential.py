@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.cli.main import demo_scenario_path
+from gpuledger.cli.simulate import demo_scenario_path
 from gpuledger.explain.verdict import STAGES, Thresholds
 from gpuledger.sim.scenario import load_scenario
 from tests.mixin.helpers import REPO, config, recordings, render_module, rule_groups

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.cli.main import main
+from gpuledger.cli import main
 from gpuledger.explain.agents import Agent, ClusterError, FetchResult
 from gpuledger.export.document import SCHEMA
 from gpuledger.web.cluster_page import (

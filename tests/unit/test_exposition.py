@@ -34,7 +34,7 @@ HOSTILE = [
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Published:
     """One cycle of the demo scenario's real pipeline."""
-    from gpuledger.cli.main import demo_scenario_path
+    from gpuledger.cli.simulate import demo_scenario_path
     from gpuledger.pipeline import Pipeline
     from gpuledger.sim.harness import SimulatedNode
     from gpuledger.sim.scenario import load_scenario

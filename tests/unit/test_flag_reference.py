@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.cli.main import (
+from gpuledger.cli.flags import (
     FLAG_TABLE_COMMANDS,
     build_parser,
     flag_reference,

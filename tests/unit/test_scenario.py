@@ -14,7 +14,7 @@ GPU = "GPU-11111111-1111-4111-8111-111111111111"
 
 
 def test_demo_scenario_loads() -> None:
-    from gpuledger.cli.main import demo_scenario_path
+    from gpuledger.cli.simulate import demo_scenario_path
 
     scenario = load_scenario(demo_scenario_path())
     assert len(scenario.gpus) == 8

@@ -1,58 +1,33 @@
-"""The `gpuledger` command: serve, simulate, demo."""
+"""Every flag of every command, and the README's flag tables made from them."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import logging
 import os
 import re
-import signal
 import socket
-import sys
-import threading
-from collections.abc import Callable, Mapping, Sequence
-from importlib import resources
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
-from urllib.parse import urlsplit
 
 from gpuledger import __version__
-from gpuledger.explain.agents import (
-    PROXY_REFUSES_AUTH,
-    AgentAccess,
-    AgentAccessError,
-    ClusterError,
-    FetchResult,
-    connect,
-    read_for_query,
-)
-from gpuledger.explain.chain import (
-    EXIT_UNREACHABLE,
-    ExplainError,
-    explain,
-    fetch_document,
-    render_text,
-)
-from gpuledger.identity.urls import safe_url
-from gpuledger.logs import setup_logging
-from gpuledger.pipeline import Pipeline, PipelineConfig
-from gpuledger.web import cluster_page
-from gpuledger.web.server import Exporter, LedgerPage, node_ledger_page, parse_listen, serve
-from gpuledger.web.webconfig import WebConfigError, load_web_config
+from gpuledger.web.server import parse_listen
 
 # The simulator (and PyYAML, and the fake NVML's C build) is imported only inside the
 # commands that use it: `gpuledger serve` never loads gpuledger.sim
 # (tests/e2e/test_serve_imports.py).
 if TYPE_CHECKING:
-    from gpuledger.sim.harness import PhaseClock
-    from gpuledger.sim.scenario import Scenario
+    pass
 
 log = logging.getLogger("gpuledger")
 
 DEFAULT_PODRESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
 DEFAULT_LISTEN = ":9402"  # not taken by dcgm-exporter (9400) or nvidia_gpu_exporter (9835)
+
+
 EXIT_USAGE = 2
 
 
@@ -101,6 +76,8 @@ def _positive_float(text: str) -> float:
 
 
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+
+
 _DNS_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
 
@@ -146,6 +123,19 @@ def _flag(
 
 
 def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
+    """serve's flags, in the order of the README's table; demo and simulate take the first
+    group only (the simulator provides every source)."""
+    _add_run_flags(p)
+    if simulated:
+        return
+    _add_node_flags(p)
+    _add_engine_flags(p)
+    _add_ray_flags(p)
+    _add_cluster_view_flags(p)
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Every exporter's: where it listens, how often and how long sources may take, logs."""
     _flag(
         p,
         "--listen",
@@ -193,8 +183,10 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         type=_one_of("text", "json"),
         default=_env("LOG_FORMAT", "text"),
     )
-    if simulated:
-        return
+
+
+def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    """What the node agent reads: mode, /proc, NVML, Kubernetes, PodResources, GPU resources."""
     _flag(
         p,
         "--mode",
@@ -266,6 +258,10 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         action="store_true",
         default=_env_flag("PENDING_ALL_PODS"),
     )
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """Which engines are scraped: static targets and discovery."""
     _flag(
         p,
         "--vllm-target",
@@ -286,6 +282,10 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         type=_one_of("on", "off"),
         default=_env("VLLM_DISCOVERY", "on"),
     )
+
+
+def _add_ray_flags(p: argparse.ArgumentParser) -> None:
+    """Where the Ray state API is and how to authenticate to it."""
     _flag(
         p,
         "--ray-address",
@@ -311,6 +311,10 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
         default=_env("RAY_WORKLOAD"),
         metavar="NS/NAME",
     )
+
+
+def _add_cluster_view_flags(p: argparse.ArgumentParser) -> None:
+    """The cluster view's agents and how every endpoint is protected; the node label."""
     _flag(
         p,
         "--agent-url",
@@ -395,17 +399,6 @@ def _add_agent_access_flags(p: argparse.ArgumentParser, *, serve: bool) -> None:
         env="AGENT_AUTH_FILE" if serve else None,
         default=(_env("AGENT_AUTH_FILE") or None) if serve else None,
         metavar="PATH",
-    )
-
-
-def agent_access(args: argparse.Namespace) -> AgentAccess:
-    """The AgentAccess of the --agent-* flags (or their variables); `simulate` and `demo`
-    have none: plain agents."""
-    return AgentAccess(
-        tls=bool(getattr(args, "agent_tls", False)),
-        ca_file=getattr(args, "agent_ca_file", None) or None,
-        server_name=getattr(args, "agent_server_name", None) or None,
-        auth_file=getattr(args, "agent_auth_file", None) or None,
     )
 
 
@@ -539,329 +532,9 @@ def _add_discovery_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _scenario_document(path: str, phase: str | None) -> Mapping[str, Any] | None:
-    """The settled ledger of a simulated scenario; None (after saying why) if it cannot run."""
-    from gpuledger.sim.fake_nvml import FakeNvmlBuildError  # noqa: PLC0415 (see top)
-    from gpuledger.sim.harness import settled_document  # noqa: PLC0415
-    from gpuledger.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415
-
-    try:
-        return settled_document(load_scenario(path).at_phase(phase))
-    except (ScenarioError, FakeNvmlBuildError) as exc:
-        print(f"gpuledger: error: {exc}", file=sys.stderr)
-        return None
-
-
-def _discovered(args: argparse.Namespace, access: AgentAccess) -> FetchResult | int:
-    """The documents of the agents the query needs, found through the Kubernetes API."""
-    try:
-        api = connect(
-            kubeconfig=args.kubeconfig, context=args.context, deadline_seconds=args.timeout
-        )
-        via = args.via or ("direct" if api.in_cluster else "proxy")
-        if via == "proxy" and access.auth_file:
-            print(f"gpuledger: error: {PROXY_REFUSES_AUTH}", file=sys.stderr)
-            return EXIT_USAGE
-        return read_for_query(
-            api,
-            via=via,
-            namespace=args.agents_namespace,
-            deadline_seconds=args.timeout,
-            access=access,
-            pod=args.pod,
-            workload=args.workload,
-            engine=args.engine,
-            gpu=args.gpu,
-        )
-    except ClusterError as exc:
-        print(f"gpuledger: error: {exc} (or give --from URL)", file=sys.stderr)
-        return EXIT_UNREACHABLE
-
-
-def run_explain(args: argparse.Namespace) -> int:
-    docs: list[Mapping[str, Any]] = []
-    failures: dict[str, str] = {}  # what could not be read, by agent or URL
-    access = agent_access(args)
-    try:
-        credentials = access.credentials()  # a file that cannot be used: a usage error
-    except AgentAccessError as exc:
-        print(f"gpuledger: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.scenario:
-        settled = _scenario_document(args.scenario, args.phase)
-        if settled is None:
-            return EXIT_USAGE
-        docs.append(settled)
-    for url in args.sources:
-        try:
-            docs.append(
-                fetch_document(
-                    url, headers=credentials.headers, tls_context=credentials.tls_context
-                )
-            )
-        except ExplainError as exc:
-            failures[safe_url(url)] = str(exc)
-    if not args.scenario and not args.sources:
-        found = _discovered(args, access)
-        if isinstance(found, int):
-            return found
-        docs.extend(found.documents.values())
-        failures.update(found.failures)
-    if not docs:
-        _warn_unreadable(failures)
-        print("gpuledger: error: no ledger could be read", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    try:
-        result = explain(
-            docs, pod=args.pod, gpu=args.gpu, workload=args.workload, engine=args.engine
-        )
-    except ExplainError as exc:
-        _warn_unreadable(failures)  # perhaps why nothing matched
-        print(f"gpuledger: {exc}", file=sys.stderr)
-        return exc.code
-    result["unreadable"] = failures
-    result["unknowns"] = [
-        *result["unknowns"],
-        *(f"{key}: could not be read: {why}" for key, why in sorted(failures.items())),
-    ]
-    if args.output == "json":
-        print(json.dumps(result, indent=1, default=str))
-    else:
-        sys.stdout.write(render_text(result))
-    return 0
-
-
-def _warn_unreadable(failures: Mapping[str, str]) -> None:
-    for key, why in sorted(failures.items()):
-        print(f"gpuledger: warning: could not read {key}: {why}", file=sys.stderr)
-
-
-def kubectl_main(argv: Sequence[str] | None = None) -> int:
-    """`kubectl gpuledger ARGS` (the kubectl-gpuledger plugin) is `gpuledger explain ARGS`."""
-    return main(["explain", *(sys.argv[1:] if argv is None else argv)])
-
-
-def _install_signal_handlers(stop: threading.Event) -> None:
-    def handle(_signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-
-
-def run_exporter(
-    config: PipelineConfig,
-    args: argparse.Namespace,
-    banner: str | None = None,
-    on_tick: PhaseClock | None = None,
-) -> int:
-    web = None
-    if getattr(args, "web_config_file", None):
-        try:
-            web = load_web_config(args.web_config_file)
-        except WebConfigError as exc:
-            print(f"gpuledger: error: --web-config-file: {exc}", file=sys.stderr)
-            return 2
-    ledger_page: LedgerPage = node_ledger_page
-    if config.mode == "cluster":
-        cluster = cluster_ledger_page(config, args)
-        if cluster is None:
-            return EXIT_USAGE
-        ledger_page = cluster
-    pipeline = Pipeline(config)
-    exporter = Exporter(
-        pipeline.cycle,
-        args.interval,
-        lambda: pipeline.warm_up(config.source_deadline_seconds),
-        simulated=config.simulated,
-    )
-    try:
-        httpd = serve(exporter, args.listen, config.node, config.mode, web, ledger_page=ledger_page)
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        print(f"gpuledger: error: cannot listen on {args.listen}: {reason}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    _install_signal_handlers(stop)
-    exporter.start()
-    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
-    host, port = httpd.server_address[:2]
-    scheme = "https" if web is not None and web.tls is not None else "http"
-    log.info(
-        "serving on %s://%s:%s/ (node %s, mode %s)", scheme, host, port, config.node, config.mode
-    )
-    if banner:
-        print(banner.format(url=f"http://localhost:{port}"), flush=True)
-    while not stop.wait(0.5):
-        if on_tick is not None:
-            on_tick.tick()
-    httpd.shutdown()
-    httpd.server_close()
-    exporter.stop()
-    pipeline.close()
-    return 0
-
-
-def cluster_ledger_page(config: PipelineConfig, args: argparse.Namespace) -> LedgerPage | None:
-    """The cluster view's /ledger: the agents of --agent-url, and those the Kubernetes API
-    lists when it is on, read as the --agent-* flags say. None (after saying why) for a bad
-    --agent-url or an --agent-ca-file or --agent-auth-file that cannot be used."""
-    urls = _list(getattr(args, "agent_url", None), "AGENT_URLS")
-    for url in urls:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            print(
-                f"gpuledger: error: --agent-url {url!r}: expected http(s)://HOST:PORT",
-                file=sys.stderr,
-            )
-            return None
-    access = agent_access(args)
-    try:
-        access.credentials()  # checked once here; re-read on each refresh of the page
-    except AgentAccessError as exc:
-        print(f"gpuledger: error: {exc}", file=sys.stderr)
-        return None
-    return cluster_page.for_cluster_view(
-        urls,
-        kubernetes=config.kubernetes,
-        kubeconfig=config.kubeconfig,
-        deadline_seconds=config.source_deadline_seconds,
-        access=access,
-    )
-
-
-def run_simulation(scenario: Scenario, args: argparse.Namespace, banner: str | None) -> int:
-    from gpuledger.sim.fake_nvml import FakeNvmlBuildError  # noqa: PLC0415 (see top)
-    from gpuledger.sim.harness import PhaseClock, SimulatedNode  # noqa: PLC0415
-
-    try:
-        node = SimulatedNode(scenario)
-    except FakeNvmlBuildError as exc:
-        print(f"gpuledger: error: {exc}", file=sys.stderr)
-        return 1
-    with node:
-        if args.once:
-            node.apply(scenario.at_phase(getattr(args, "phase", None)))
-            pipeline = Pipeline(node.pipeline_config(args.source_deadline))
-            exporter = Exporter(pipeline.cycle, args.interval)
-            pipeline.warm_up(args.source_deadline)
-            exporter.run_once()
-            body, _ = exporter.render(None)
-            pipeline.close()
-            sys.stdout.write(body.decode())
-            return 0
-        return run_exporter(
-            node.pipeline_config(args.source_deadline), args, banner, PhaseClock(node, scenario)
-        )
-
-
-DEMO_BANNER = """\
-gpuledger demo: a SIMULATED node, not your hardware.
-  Node "{node}": 8 simulated H100-class GPUs (fake NVML at the C ABI + a synthetic /proc).
-  Pods: two time-sliced on one GPU, one that holds a GPU it never opens, plus a host process.
-  Also simulated: the kubelet's PodResources, the Kubernetes API and a queueing vLLM engine.
-Look at:
-  {{url}}/ledger    the node's GPU ledger, readable (open it in a browser)
-  {{url}}/metrics   the exposition (try: curl -s {{url}}/metrics | grep allocated_unused)
-  gpuledger explain --from {{url}} --workload llm/llama-8b
-                        where that workload's requests wait, and why
-Stop with Ctrl-C."""
-
-
-def demo_scenario_path() -> Path:
-    return Path(str(resources.files("gpuledger.sim") / "scenarios" / "demo.yaml"))
-
-
 def _list(flag: list[str] | None, env: str, default: str = "") -> tuple[str, ...]:
     values = flag if flag is not None else (_env(env, default) or "").split(",")
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
-
-
-def ray_workload(address: str | None, explicit: str | None) -> tuple[str, str]:
-    """(namespace, workload) for cluster-mode Ray series."""
-    if explicit:
-        namespace, _, name = explicit.rpartition("/")
-        return namespace, name
-    host = (address or "").split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
-    first, _, rest = host.partition(".")
-    if first.endswith("-head-svc"):
-        # KubeRay names the head service <cluster>-head-svc in the cluster's namespace.
-        return rest.split(".", 1)[0] if rest else "", first.removesuffix("-head-svc")
-    return "", "ray"
-
-
-def _read_token(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        return Path(path).read_text().strip() or None
-    except OSError as exc:
-        # The path is a flag value; the file's content never appears in a message.
-        print(
-            f"gpuledger: error: cannot read --ray-token-file {path}: {exc.strerror}",
-            file=sys.stderr,
-        )
-        raise SystemExit(EXIT_USAGE) from None
-
-
-def serve_config(args: argparse.Namespace) -> PipelineConfig:
-    kubernetes = args.kubernetes == "on" or (
-        args.kubernetes == "auto"
-        and (bool(args.kubeconfig) or "KUBERNETES_SERVICE_HOST" in os.environ)
-    )
-    socket_path = args.podresources_socket
-    if socket_path is None:
-        socket_path = DEFAULT_PODRESOURCES if kubernetes else ""
-    return PipelineConfig(
-        node=args.node_name,
-        mode=args.mode,
-        proc_root=args.proc_root,
-        nvml_library=args.nvml_library,
-        source_deadline_seconds=args.source_deadline,
-        podresources_socket=socket_path or None,
-        gpu_resources=_list(args.gpu_resource, "GPU_RESOURCES", "nvidia.com/gpu,nvidia.com/mig-*"),
-        kubernetes=kubernetes,
-        kubeconfig=args.kubeconfig,
-        vllm_targets=_list(args.vllm_target, "VLLM_TARGETS"),
-        vllm_discovery=args.vllm_discovery == "on",
-        pending_all_pods=args.pending_all_pods,
-        ray_address=args.ray_address,
-        ray_token=_read_token(args.ray_token_file),
-        ray_workload=ray_workload(args.ray_address, args.ray_workload),
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)  # --help exits here, whatever the environment holds
-    for name in BOOLEAN_VARIABLES:
-        value = _env(name)
-        if value is not None and value.strip().lower() not in ("true", "false", ""):
-            parser.error(f"GPULEDGER_{name}={value[:40]!r}: expected true or false")
-    setup_logging(args.log_level, args.log_format)
-    if args.command == "serve":
-        return run_exporter(serve_config(args), args)
-    if args.command == "explain":
-        return run_explain(args)
-    return run_scenario_command(args)
-
-
-def run_scenario_command(args: argparse.Namespace) -> int:
-    """`demo` and `simulate`: the commands that load the simulator."""
-    from gpuledger.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415 (see top)
-
-    path = demo_scenario_path() if args.command == "demo" else Path(args.file)
-    try:
-        scenario = load_scenario(path)
-    except ScenarioError as exc:
-        print(f"gpuledger: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    banner = DEMO_BANNER.format(node=scenario.node) if args.command == "demo" else None
-    return run_simulation(scenario, args, banner)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 FLAG_TABLE_COMMANDS = ("serve", "explain")

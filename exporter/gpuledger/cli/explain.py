@@ -1,0 +1,142 @@
+"""`gpuledger explain` (and `kubectl gpuledger`): read the ledgers, print the chain."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gpuledger.cli.flags import EXIT_USAGE
+from gpuledger.explain.agents import (
+    PROXY_REFUSES_AUTH,
+    AgentAccess,
+    AgentAccessError,
+    ClusterError,
+    FetchResult,
+    connect,
+    read_for_query,
+)
+from gpuledger.explain.chain import (
+    EXIT_UNREACHABLE,
+    ExplainError,
+    explain,
+    fetch_document,
+    render_text,
+)
+from gpuledger.identity.urls import safe_url
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("gpuledger")
+
+
+def agent_access(args: argparse.Namespace) -> AgentAccess:
+    """The AgentAccess of the --agent-* flags (or their variables); `simulate` and `demo`
+    have none: plain agents."""
+    return AgentAccess(
+        tls=bool(getattr(args, "agent_tls", False)),
+        ca_file=getattr(args, "agent_ca_file", None) or None,
+        server_name=getattr(args, "agent_server_name", None) or None,
+        auth_file=getattr(args, "agent_auth_file", None) or None,
+    )
+
+
+def _scenario_document(path: str, phase: str | None) -> Mapping[str, Any] | None:
+    """The settled ledger of a simulated scenario; None (after saying why) if it cannot run."""
+    from gpuledger.sim.fake_nvml import FakeNvmlBuildError  # noqa: PLC0415 (see top)
+    from gpuledger.sim.harness import settled_document  # noqa: PLC0415
+    from gpuledger.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415
+
+    try:
+        return settled_document(load_scenario(path).at_phase(phase))
+    except (ScenarioError, FakeNvmlBuildError) as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return None
+
+
+def _discovered(args: argparse.Namespace, access: AgentAccess) -> FetchResult | int:
+    """The documents of the agents the query needs, found through the Kubernetes API."""
+    try:
+        api = connect(
+            kubeconfig=args.kubeconfig, context=args.context, deadline_seconds=args.timeout
+        )
+        via = args.via or ("direct" if api.in_cluster else "proxy")
+        if via == "proxy" and access.auth_file:
+            print(f"gpuledger: error: {PROXY_REFUSES_AUTH}", file=sys.stderr)
+            return EXIT_USAGE
+        return read_for_query(
+            api,
+            via=via,
+            namespace=args.agents_namespace,
+            deadline_seconds=args.timeout,
+            access=access,
+            pod=args.pod,
+            workload=args.workload,
+            engine=args.engine,
+            gpu=args.gpu,
+        )
+    except ClusterError as exc:
+        print(f"gpuledger: error: {exc} (or give --from URL)", file=sys.stderr)
+        return EXIT_UNREACHABLE
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    docs: list[Mapping[str, Any]] = []
+    failures: dict[str, str] = {}  # what could not be read, by agent or URL
+    access = agent_access(args)
+    try:
+        credentials = access.credentials()  # a file that cannot be used: a usage error
+    except AgentAccessError as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.scenario:
+        settled = _scenario_document(args.scenario, args.phase)
+        if settled is None:
+            return EXIT_USAGE
+        docs.append(settled)
+    for url in args.sources:
+        try:
+            docs.append(
+                fetch_document(
+                    url, headers=credentials.headers, tls_context=credentials.tls_context
+                )
+            )
+        except ExplainError as exc:
+            failures[safe_url(url)] = str(exc)
+    if not args.scenario and not args.sources:
+        found = _discovered(args, access)
+        if isinstance(found, int):
+            return found
+        docs.extend(found.documents.values())
+        failures.update(found.failures)
+    if not docs:
+        _warn_unreadable(failures)
+        print("gpuledger: error: no ledger could be read", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        result = explain(
+            docs, pod=args.pod, gpu=args.gpu, workload=args.workload, engine=args.engine
+        )
+    except ExplainError as exc:
+        _warn_unreadable(failures)  # perhaps why nothing matched
+        print(f"gpuledger: {exc}", file=sys.stderr)
+        return exc.code
+    result["unreadable"] = failures
+    result["unknowns"] = [
+        *result["unknowns"],
+        *(f"{key}: could not be read: {why}" for key, why in sorted(failures.items())),
+    ]
+    if args.output == "json":
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        sys.stdout.write(render_text(result))
+    return 0
+
+
+def _warn_unreadable(failures: Mapping[str, str]) -> None:
+    for key, why in sorted(failures.items()):
+        print(f"gpuledger: warning: could not read {key}: {why}", file=sys.stderr)

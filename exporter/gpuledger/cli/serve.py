@@ -1,0 +1,171 @@
+"""`gpuledger serve`: the exporter, node agent or cluster view."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from gpuledger.cli.explain import agent_access
+from gpuledger.cli.flags import DEFAULT_PODRESOURCES, EXIT_USAGE, _list
+from gpuledger.explain.agents import (
+    AgentAccessError,
+)
+from gpuledger.pipeline import Pipeline, PipelineConfig
+from gpuledger.web import cluster_page
+from gpuledger.web.server import Exporter, LedgerPage, node_ledger_page, serve
+from gpuledger.web.webconfig import WebConfigError, load_web_config
+
+if TYPE_CHECKING:
+    from gpuledger.sim.harness import PhaseClock
+
+log = logging.getLogger("gpuledger")
+
+
+def _install_signal_handlers(stop: threading.Event) -> None:
+    def handle(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def run_exporter(
+    config: PipelineConfig,
+    args: argparse.Namespace,
+    banner: str | None = None,
+    on_tick: PhaseClock | None = None,
+) -> int:
+    web = None
+    if getattr(args, "web_config_file", None):
+        try:
+            web = load_web_config(args.web_config_file)
+        except WebConfigError as exc:
+            print(f"gpuledger: error: --web-config-file: {exc}", file=sys.stderr)
+            return 2
+    ledger_page: LedgerPage = node_ledger_page
+    if config.mode == "cluster":
+        cluster = cluster_ledger_page(config, args)
+        if cluster is None:
+            return EXIT_USAGE
+        ledger_page = cluster
+    pipeline = Pipeline(config)
+    exporter = Exporter(
+        pipeline.cycle,
+        args.interval,
+        lambda: pipeline.warm_up(config.source_deadline_seconds),
+        simulated=config.simulated,
+    )
+    try:
+        httpd = serve(exporter, args.listen, config.node, config.mode, web, ledger_page=ledger_page)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        print(f"gpuledger: error: cannot listen on {args.listen}: {reason}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    _install_signal_handlers(stop)
+    exporter.start()
+    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
+    host, port = httpd.server_address[:2]
+    scheme = "https" if web is not None and web.tls is not None else "http"
+    log.info(
+        "serving on %s://%s:%s/ (node %s, mode %s)", scheme, host, port, config.node, config.mode
+    )
+    if banner:
+        print(banner.format(url=f"http://localhost:{port}"), flush=True)
+    while not stop.wait(0.5):
+        if on_tick is not None:
+            on_tick.tick()
+    httpd.shutdown()
+    httpd.server_close()
+    exporter.stop()
+    pipeline.close()
+    return 0
+
+
+def cluster_ledger_page(config: PipelineConfig, args: argparse.Namespace) -> LedgerPage | None:
+    """The cluster view's /ledger: the agents of --agent-url, and those the Kubernetes API
+    lists when it is on, read as the --agent-* flags say. None (after saying why) for a bad
+    --agent-url or an --agent-ca-file or --agent-auth-file that cannot be used."""
+    urls = _list(getattr(args, "agent_url", None), "AGENT_URLS")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            print(
+                f"gpuledger: error: --agent-url {url!r}: expected http(s)://HOST:PORT",
+                file=sys.stderr,
+            )
+            return None
+    access = agent_access(args)
+    try:
+        access.credentials()  # checked once here; re-read on each refresh of the page
+    except AgentAccessError as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return None
+    return cluster_page.for_cluster_view(
+        urls,
+        kubernetes=config.kubernetes,
+        kubeconfig=config.kubeconfig,
+        deadline_seconds=config.source_deadline_seconds,
+        access=access,
+    )
+
+
+def ray_workload(address: str | None, explicit: str | None) -> tuple[str, str]:
+    """(namespace, workload) for cluster-mode Ray series."""
+    if explicit:
+        namespace, _, name = explicit.rpartition("/")
+        return namespace, name
+    host = (address or "").split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+    first, _, rest = host.partition(".")
+    if first.endswith("-head-svc"):
+        # KubeRay names the head service <cluster>-head-svc in the cluster's namespace.
+        return rest.split(".", 1)[0] if rest else "", first.removesuffix("-head-svc")
+    return "", "ray"
+
+
+def _read_token(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        # The path is a flag value; the file's content never appears in a message.
+        print(
+            f"gpuledger: error: cannot read --ray-token-file {path}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def serve_config(args: argparse.Namespace) -> PipelineConfig:
+    kubernetes = args.kubernetes == "on" or (
+        args.kubernetes == "auto"
+        and (bool(args.kubeconfig) or "KUBERNETES_SERVICE_HOST" in os.environ)
+    )
+    socket_path = args.podresources_socket
+    if socket_path is None:
+        socket_path = DEFAULT_PODRESOURCES if kubernetes else ""
+    return PipelineConfig(
+        node=args.node_name,
+        mode=args.mode,
+        proc_root=args.proc_root,
+        nvml_library=args.nvml_library,
+        source_deadline_seconds=args.source_deadline,
+        podresources_socket=socket_path or None,
+        gpu_resources=_list(args.gpu_resource, "GPU_RESOURCES", "nvidia.com/gpu,nvidia.com/mig-*"),
+        kubernetes=kubernetes,
+        kubeconfig=args.kubeconfig,
+        vllm_targets=_list(args.vllm_target, "VLLM_TARGETS"),
+        vllm_discovery=args.vllm_discovery == "on",
+        pending_all_pods=args.pending_all_pods,
+        ray_address=args.ray_address,
+        ray_token=_read_token(args.ray_token_file),
+        ray_workload=ray_workload(args.ray_address, args.ray_workload),
+    )
