@@ -97,24 +97,38 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 
 
 def test_dockerignore_lets_through_what_the_dockerfile_copies() -> None:
-    patterns = [
-        line.strip()
-        for line in DOCKERIGNORE.read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    patterns = _dockerignore()
     for source, _ in _build_stage_copies():
         assert not _ignored(source.rstrip("/"), patterns), source
     for kept_out in (".venv", "tests/helm/test_packaging.py", ".git", "helm/gpuledger/Chart.yaml"):
         assert _ignored(kept_out, patterns), kept_out
+    # No simulator in the image: its fakes, scenarios and the fake NVML's C source stay out.
+    for kept_out in ("exporter/gpuledger/sim", "exporter/gpuledger/sim/fake_nvml.c"):
+        assert _ignored(kept_out, patterns), kept_out
+    assert not _ignored("exporter/gpuledger/sources/nvml.py", patterns)
+
+
+def _dockerignore() -> list[str]:
+    return [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
 
 
 def _build_context(tmp: Path) -> Path:
     """What the Dockerfile's build stage holds in its WORKDIR (/src): its COPY sources only,
-    placed as COPY places them (a directory's contents into the destination directory; a
-    file into a destination ending in / or . by its own name, else at the destination)."""
+    less what .dockerignore keeps out of the context, placed as COPY places them (a
+    directory's contents into the destination directory; a file into a destination ending
+    in / or . by its own name, else at the destination)."""
     src = tmp / "src"
     src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    patterns = _dockerignore()
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        where = Path(folder).resolve().relative_to(REPO).as_posix()
+        return {n for n in names if _ignored(f"{where}/{n}", patterns)}
+
     for source, destination in _build_stage_copies():
         origin = REPO / source
         into_dir = destination.endswith("/") or destination in (".", "./")
@@ -176,19 +190,22 @@ def test_install_runtime_into_a_fresh_venv(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert imported.stdout.strip().startswith(str(venv)), imported.stdout
-    # A plain install runs the simulator too: its C source, scenarios and PyYAML came along.
+    # The image has no simulator: no sim/ module installed, and demo says where to run it.
+    assert not list(venv.rglob("gpuledger/sim"))
+    assert not list(venv.rglob("fake_nvml*"))
     demo = subprocess.run(
         [str(venv / "bin" / "gpuledger"), "demo", "--once"],
         capture_output=True,
         text=True,
         check=False,
         timeout=300,
-        env={**_clean_env(), "GPULEDGER_CACHE_DIR": str(tmp_path / "cache")},
+        env=_clean_env(),
         cwd=tmp_path,
     )
-    assert demo.returncode == 0, demo.stderr
-    nvml_up = re.compile(r'^gpuledger_source_up\{[^}]*source="nvml"[^}]*\} 1(\.0)?$', re.M)
-    assert nvml_up.search(demo.stdout), demo.stdout[-2000:]
+    assert demo.returncode == 2, demo.stdout[-2000:] + demo.stderr
+    assert "simulator is not installed here" in demo.stderr
+    assert "scripts/demo" in demo.stderr
+    assert "Traceback" not in demo.stderr
 
     listing = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json"],
@@ -209,6 +226,34 @@ def test_install_runtime_into_a_fresh_venv(tmp_path: Path) -> None:
             name = _normalise(re.split(r"[<>=!~;\[ ]", dep, maxsplit=1)[0])
             if name not in runtime:
                 assert name not in installed, f"{name} of the [{extra}] extra is in the image"
+
+
+def test_a_plain_pip_install_runs_the_demo(tmp_path: Path) -> None:
+    # Outside the image, `pip install gpuledger` (here: of this checkout, as a wheel would
+    # be built) carries the simulator: its C source, scenarios and PyYAML came along.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=_clean_env())
+    install = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=_clean_env(),
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    demo = subprocess.run(
+        [str(venv / "bin" / "gpuledger"), "demo", "--once"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={**_clean_env(), "GPULEDGER_CACHE_DIR": str(tmp_path / "cache")},
+        cwd=tmp_path,
+    )
+    assert demo.returncode == 0, demo.stderr
+    nvml_up = re.compile(r'^gpuledger_source_up\{[^}]*source="nvml"[^}]*\} 1(\.0)?$', re.M)
+    assert nvml_up.search(demo.stdout), demo.stdout[-2000:]
 
 
 def test_install_runtime_refuses_an_existing_directory(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gpuledger.cli.flags import EXIT_USAGE
+from gpuledger.cli.flags import EXIT_USAGE, agent_access
+from gpuledger.cli.simulate import NO_SIMULATOR, simulator_installed
 from gpuledger.explain.agents import (
     PROXY_REFUSES_AUTH,
     AgentAccess,
@@ -34,19 +35,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuledger")
 
 
-def agent_access(args: argparse.Namespace) -> AgentAccess:
-    """The AgentAccess of the --agent-* flags (or their variables); `simulate` and `demo`
-    have none: plain agents."""
-    return AgentAccess(
-        tls=bool(getattr(args, "agent_tls", False)),
-        ca_file=getattr(args, "agent_ca_file", None) or None,
-        server_name=getattr(args, "agent_server_name", None) or None,
-        auth_file=getattr(args, "agent_auth_file", None) or None,
-    )
-
-
 def _scenario_document(path: str, phase: str | None) -> Mapping[str, Any] | None:
     """The settled ledger of a simulated scenario; None (after saying why) if it cannot run."""
+    if not simulator_installed():
+        print(f"gpuledger: error: --scenario: {NO_SIMULATOR}", file=sys.stderr)
+        return None
     from gpuledger.sim.fake_nvml import FakeNvmlBuildError  # noqa: PLC0415 (see top)
     from gpuledger.sim.harness import settled_document  # noqa: PLC0415
     from gpuledger.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415

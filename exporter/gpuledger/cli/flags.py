@@ -9,16 +9,11 @@ import os
 import re
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from gpuledger import __version__
+from gpuledger.explain.agents import AgentAccess
 from gpuledger.web.server import parse_listen
-
-# The simulator (and PyYAML, and the fake NVML's C build) is imported only inside the
-# commands that use it: `gpuledger serve` never loads gpuledger.sim
-# (tests/e2e/test_serve_imports.py).
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("gpuledger")
 
@@ -551,3 +546,14 @@ def readme_with_flag_tables(readme: str, parser: argparse.ArgumentParser) -> str
         table = "\n".join(flag_reference(parser, command))
         readme = f"{head}{begin}\n{table}\n{end}{tail}"
     return readme
+
+
+def agent_access(args: argparse.Namespace) -> AgentAccess:
+    """The AgentAccess of the --agent-* flags (or their variables); `simulate` and `demo`
+    have none: plain agents."""
+    return AgentAccess(
+        tls=bool(getattr(args, "agent_tls", False)),
+        ca_file=getattr(args, "agent_ca_file", None) or None,
+        server_name=getattr(args, "agent_server_name", None) or None,
+        auth_file=getattr(args, "agent_auth_file", None) or None,
+    )

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from gpuledger.cli.explain import agent_access
-from gpuledger.cli.flags import DEFAULT_PODRESOURCES, EXIT_USAGE, _list
+from gpuledger.cli.flags import DEFAULT_PODRESOURCES, EXIT_USAGE, _list, agent_access
 from gpuledger.explain.agents import (
     AgentAccessError,
 )

@@ -2,11 +2,13 @@
 
 The simulator (and PyYAML, and the fake NVML's C build) is imported only inside these
 commands: `gpuledger serve` never loads gpuledger.sim (tests/e2e/test_serve_imports.py).
+The exporter image leaves the simulator out (.dockerignore); there these commands say so.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from importlib import resources
@@ -18,9 +20,6 @@ from gpuledger.cli.serve import run_exporter
 from gpuledger.pipeline import Pipeline
 from gpuledger.web.server import Exporter
 
-# The simulator (and PyYAML, and the fake NVML's C build) is imported only inside the
-# commands that use it: `gpuledger serve` never loads gpuledger.sim
-# (tests/e2e/test_serve_imports.py).
 if TYPE_CHECKING:
     from gpuledger.sim.scenario import Scenario
 
@@ -65,12 +64,25 @@ Look at:
 Stop with Ctrl-C."""
 
 
+NO_SIMULATOR = (
+    "the simulator is not installed here (the exporter image leaves it out): run it from a "
+    "checkout (scripts/demo) or from `pip install gpuledger`"
+)
+
+
+def simulator_installed() -> bool:
+    return importlib.util.find_spec("gpuledger.sim") is not None
+
+
 def demo_scenario_path() -> Path:
     return Path(str(resources.files("gpuledger.sim") / "scenarios" / "demo.yaml"))
 
 
 def run_scenario_command(args: argparse.Namespace) -> int:
     """`demo` and `simulate`: the commands that load the simulator."""
+    if not simulator_installed():
+        print(f"gpuledger: error: {NO_SIMULATOR}", file=sys.stderr)
+        return EXIT_USAGE
     from gpuledger.sim.scenario import ScenarioError, load_scenario  # noqa: PLC0415 (see top)
 
     path = demo_scenario_path() if args.command == "demo" else Path(args.file)
