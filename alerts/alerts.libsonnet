@@ -33,7 +33,7 @@
 
   // ------------------------------------------------------------------ next steps
   // The stage alerts' description ends with the next step `gpuledger explain` and the
-  // /ledger page print for the verdict (exporter/gpuledger/stages.json; verdict.py's
+  // /ledger page print for the verdict (exporter/gpuledger/stages.json; explain/verdict.py's
   // next_step_for): the reason's by_reason.<reason>.next_step, else the stage's. An alert
   // stands for the (stage, reason) verdicts whose runbook_alert it is. One verdict: its
   // step, verbatim. Several: a template switch on `subject` (a template expression that

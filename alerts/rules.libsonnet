@@ -30,7 +30,7 @@
   local pkey = '%s, node, namespace, pod, pod_uid' % cl,
 
   // Series that name a workload and always carry its namespace: the workloads that
-  // `gpuledger explain` gives a verdict (exporter/gpuledger/explain.py, Fleet).
+  // `gpuledger explain` gives a verdict (exporter/gpuledger/explain/chain.py, Fleet).
   local namespacedWorkloadSeries = [
     'gpuledger_pod_pending_placement{%s, workload!=""}' % sel,
     'gpuledger_pod_starting{%s, workload!=""}' % sel,
@@ -92,7 +92,7 @@
     else '%s\nunless on (%s)\n%s' % [rayPending(key, ns), key, rayInfeasible(key, ns)],
 
   // Each stage's conditions: [reason, condition, the labels it joins the workload on].
-  // These are the conditions gpuledger/verdict.py checks on the ledger.
+  // These are the conditions gpuledger/explain/verdict.py checks on the ledger.
   local conditions = {
     pending_placement: [
       if std.member(rayReasons, r) then [r, rayCondition(r, k[0], k[1]), k[0]]

@@ -72,10 +72,10 @@ def _cpu(work: Any) -> tuple[float, Any]:
 
 
 def run(scale: int, cycles: int) -> dict[str, float]:
-    old_exposition = _old_module("old_exposition", "exporter/gpuledger/exposition.py", {})
+    old_exposition = _old_module("old_exposition", "exporter/gpuledger/export/exposition.py", {})
     old_collector = _old_module(
         "old_collector",
-        "exporter/gpuledger/collector.py",
+        "exporter/gpuledger/export/collector.py",
         {"from gpuledger.export.exposition import": "from old_exposition import"},
     )
     code = CHILD.format(exporter=str(ROOT / "exporter"), root=str(ROOT), scale=scale)

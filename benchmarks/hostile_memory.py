@@ -79,7 +79,7 @@ def _ray_cluster(actors: int) -> dict[str, bytes]:
 
 def _ray_at_budget(unit: bytes) -> bytes:
     """A list of `unit` values just inside the client's bounds for 10,000 rows
-    (sources/ray.py: 4,096 + 96 a row; written out so that older code can be measured)."""
+    (sources/ray/state.py: 4,096 + 96 a row; written out so that older code can be measured)."""
     per_unit = 1 + sum(map(unit.count, (b",", b":", b"{", b"[")))
     count = (4096 + 10_000 * 96 - 64) // per_unit
     return _ray(b",".join([unit] * count))
@@ -107,7 +107,7 @@ def _serve(
 
 def _serve_node_at_budget() -> dict[str, bytes]:
     """The node's detail: short strings up to the JSON bound of its 8 MiB cap (one value
-    per 8 bytes, sources/serve.py)."""
+    per 8 bytes, sources/ray/serve.py)."""
     count = 8 * MIB // 8 - 64
     return _serve(b"", node=b"[" + b",".join([b'"ab"'] * count) + b"]")
 

@@ -3,7 +3,7 @@
 The fake API server serves TLS with its own certificate and answers 401 without the
 token, so these tests exercise the client's in-cluster loader (service host/port from
 the environment, token and CA from the service-account directory) end to end, and the
-lean import of the client that keeps the node agent small (sources/kubeapi.py).
+lean import of the client that keeps the node agent small (net/kubeapi.py).
 """
 
 from __future__ import annotations

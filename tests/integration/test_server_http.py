@@ -1,4 +1,4 @@
-"""What a scraper and a kubelet probe see of the HTTP server (gpuledger/server.py):
+"""What a scraper and a kubelet probe see of the HTTP server (gpuledger/web/server.py):
 gzip when asked, HEAD answered, liveness tied to the collection loop, a busy port."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`--web-config-file` (gpuledger/webconfig.py): TLS, client certificates, basic auth and
+"""`--web-config-file` (gpuledger/web/webconfig.py): TLS, client certificates, basic auth and
 extra headers in the exporter-toolkit format, as a scraper and a kubelet probe see them,
 and one line + exit 2 for every file the exporter cannot use."""
 

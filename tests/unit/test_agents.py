@@ -1,4 +1,4 @@
-"""Finding gpuledger's agents and reading their /ledger.json (gpuledger/agents.py)."""
+"""Finding gpuledger's agents and reading their /ledger.json (gpuledger/explain/agents.py)."""
 
 from __future__ import annotations
 

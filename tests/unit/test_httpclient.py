@@ -1,4 +1,4 @@
-"""The HTTP client's one deadline, byte cap and error classification (gpuledger/httpclient.py).
+"""The HTTP client's one deadline, byte cap and error classification (gpuledger/net/httpclient.py).
 
 The servers here are raw sockets on loopback so that they can misbehave at the byte level:
 trickle the status line, the headers or the body, lie about lengths, or inflate a bomb.

@@ -530,7 +530,7 @@ LONGEST_OTHER = MAX_OTHER_LINE_CHARS
 def test_long_lines_of_other_families_are_only_shape_checked(line: str) -> None:
     assert len(line) <= MAX_OTHER_LINE_CHARS
     assert parse_exposition(line + "\n") == ()
-    # Past the bound a line is refused: it is held whole until it ends (sources/vllm.py
+    # Past the bound a line is refused: it is held whole until it ends (sources/engines/source.py
     # reads bodies piece by piece), and no real exposition has one.
     with pytest.raises(ExpositionError, match="line over"):
         parse_exposition(line + "x" * (MAX_OTHER_LINE_CHARS - len(line) + 1) + "\n")

@@ -191,7 +191,7 @@ class Fleet:
         self.processes = [
             {**p, "node": doc["node"]} for doc in docs for p in doc.get("processes", [])
         ]
-        # vLLM Ray workers of every node, for engines on the Ray executor (explain_ray.py).
+        # vLLM Ray workers of every node, for engines on the Ray executor (explain/ray.py).
         self.ray_workers = RayWorkers(docs)
         self.unknowns += footprint_unknowns(self.ray_workers, docs)
 

@@ -1,7 +1,7 @@
 """Ledger -> Prometheus metric families. Knows Prometheus, nothing about sources.
 
 Runs on the latest published ledger (once per snapshot for the text format, see
-server.py): no I/O, no waiting.
+web/server.py): no I/O, no waiting.
 """
 
 from __future__ import annotations

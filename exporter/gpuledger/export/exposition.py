@@ -1,7 +1,7 @@
 """Prometheus text format 0.0.4, as prometheus_client's generate_latest writes it.
 
 The exporter renders a snapshot once, when it is published, and a scrape sends those bytes
-(server.py): rendering 3,117 series costs a few milliseconds once per cycle, so the
+(web/server.py): rendering 3,117 series costs a few milliseconds once per cycle, so the
 library's renderer is used as it is.
 """
 

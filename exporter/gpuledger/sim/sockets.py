@@ -2,7 +2,7 @@
 
 For every `vllm` entry of a scenario, its API server (`api_server`, else the only one in
 its pod, or among the host's processes for a static target) gets what the procfs source
-reads (sources/procfs_sockets.py), in the kernel's formats (identity/sockets.py):
+reads (sources/procfs/sockets.py), in the kernel's formats (identity/sockets.py):
 `ns/net` -> `net:[<inode>]`, one per pod and one for the host; `fd/3…` ->
 `socket:[<inode>]`; and `net/tcp`, `net/tcp6` listing every listening socket of its
 namespace. An entry with `socket: unreadable` gets none of them, as when the agent lacks

@@ -2,7 +2,7 @@
 
 The cluster view knows only what is not placed (pending pods, Ray's placement groups); where
 a placed workload waits is in the node agents' documents. So the page reads every node
-agent's /ledger.json (through `agents.py`: concurrency-limited, each read under the
+agent's /ledger.json (through `explain/agents.py`: concurrency-limited, each read under the
 HttpClient's one deadline), keeps each read for a few seconds, and joins them with its own
 document through explain's `Fleet` and `verdicts`: the same function, on the same
 documents, that `gpuledger explain --from …` uses. `/ledger?workload=NS/NAME` shows that

@@ -6,7 +6,7 @@
 grows a label every release, so only :data:`CACHE_CONFIG_LABELS` survive.
 
 :class:`ExpositionReader` and :class:`VllmLines` do the same for a body read piece by
-piece as it arrives (sources/vllm.py): each line is checked or kept as soon as it ends,
+piece as it arrives (sources/engines/source.py): each line is checked or kept as soon as it ends,
 so a scrape holds the lines of the families read and one line, never the body.
 """
 
@@ -154,7 +154,7 @@ class ExpositionReader:
     ExpositionError at the first line that is malformed or too long (MAX_LINE_CHARS for a
     wanted line, MAX_OTHER_LINE_CHARS for any other), past `max_wanted_chars` of wanted
     lines in all, or past `max_samples` wanted samples. `wanted` are the families' names
-    (vLLM's by default; sources/serve_metrics.py reads Ray Serve's), `marker` a string
+    (vLLM's by default; sources/ray/serve_metrics.py reads Ray Serve's), `marker` a string
     every line of them holds (their common prefix).
     """
 

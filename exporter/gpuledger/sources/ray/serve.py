@@ -1,7 +1,7 @@
 """Ray Serve source (node mode): deployments and replicas from the Ray dashboard, queues
 from the metrics of the Ray nodes that run here.
 
-Per cycle, only while a Ray node runs on this node (RAY_LOCAL, from sources/ray.py):
+Per cycle, only while a Ray node runs on this node (RAY_LOCAL, from sources/ray/state.py):
 
 * ``GET /api/serve/applications/`` on the dashboard (``--ray-address``, with its token):
   every application's deployments (status, ``max_ongoing_requests``) and replicas
@@ -15,9 +15,9 @@ Per cycle, only while a Ray node runs on this node (RAY_LOCAL, from sources/ray.
   not carry it, and ``--metrics-export-port`` is random unless set (KubeRay sets 8080).
 * ``GET http://<node_ip>:<metricsExportPort>/metrics`` (no token: the endpoint has none,
   and the dashboard's token must not go to another port), filtered to the ray_serve_*
-  queue gauges (sources/serve_metrics.py).
+  queue gauges (sources/ray/serve_metrics.py).
 
-Every request goes through gpuledger/httpclient.py with what is left of one deadline for
+Every request goes through gpuledger/net/httpclient.py with what is left of one deadline for
 the whole fetch and a byte cap. The shapes are Ray 2.60's, from the capture in
 tests/fixtures/ray/ray-2.60-serve/.
 """

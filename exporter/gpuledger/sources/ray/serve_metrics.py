@@ -12,7 +12,7 @@ tests/fixtures/ray/ray-2.60-serve/ shows them under load):
 * ``ray_serve_replica_processing_queries{application, deployment, replica}``: what each
   replica process runs now.
 
-Lines are filtered as vLLM's are (gpuledger/sources/vllm_metrics.py), by the same
+Lines are filtered as vLLM's are (gpuledger/sources/engines/exposition.py), by the same
 reader: every other line is only shape-checked, the few wanted lines go through
 prometheus_client's parser, each bounded in length, and at most MAX_SERIES wanted series
 are read. `MetricsBody` reads an answer as it arrives: the body is never held.

@@ -1,4 +1,4 @@
-"""Ray source: the dashboard's HTTP state API, read with gpuledger/httpclient.py.
+"""Ray source: the dashboard's HTTP state API, read with gpuledger/net/httpclient.py.
 
 The exporter never imports `ray` (far too heavy for the DaemonSet image); it speaks the
 dashboard's JSON instead:
@@ -516,7 +516,7 @@ class RayStateClient:
 
     One client per `--ray-address`, used from one thread at a time (the source
     runner's). `timeout_seconds` is each request's deadline from connect to last byte
-    (gpuledger/httpclient.py); fetch_cluster makes four.
+    (gpuledger/net/httpclient.py); fetch_cluster makes four.
     """
 
     def __init__(
