@@ -1,6 +1,6 @@
 """What the cluster view's /ledger page needs from the chart to find and read the node agents
-(gpuledger/web/cluster_page.py through gpuledger/explain/agents.py): the agents' pod labels and named
-port, the cluster view's right to list pods, and its service account token."""
+(gpuledger/web/cluster_page.py through gpuledger/explain/agents.py): the agents' pod labels
+and named port, the cluster view's right to list pods, and its service account token."""
 
 from __future__ import annotations
 
