@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "exporter"), str(ROOT)]
 
 from benchmarks.bench_node import CHILD
-from gpuledger.export.collector import LedgerCollector, Published
+from gpuledger.export.collector import LedgerCollector
 from gpuledger.export.exposition import render_text
+from gpuledger.export.published import Published
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sim.fake_nvml import STATE_ENV
 from gpuledger.web.server import Exporter

@@ -39,7 +39,7 @@ import pynvml
 import requests
 
 from benchmarks.scrape_latency import Scraper, p99
-from gpuledger.export.collector import Published
+from gpuledger.export.published import Published
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.protocols.podresources import api_pb2, api_pb2_grpc
 from gpuledger.sim.fake_nvml import STATE_ENV

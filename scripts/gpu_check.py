@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import pynvml
 
-from gpuledger.export.collector import Published, snapshot_families
+from gpuledger.export.collector import snapshot_families
 from gpuledger.export.exposition import render_text
+from gpuledger.export.published import Published
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Snapshots
 from gpuledger.model.nvml import NVML, NvmlSnapshot

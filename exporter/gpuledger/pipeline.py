@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.export.collector import Published, dropped_series
+from gpuledger.export.collector import dropped_series
+from gpuledger.export.published import Published
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Key, Snapshots, SourceStatus
 from gpuledger.model.kubernetes import PODS

@@ -27,8 +27,8 @@ import pytest
 from gpuledger.cli import main
 from gpuledger.cli.flags import build_parser
 from gpuledger.cli.serve import cluster_ledger_page, serve_config
-from gpuledger.export.collector import Published
 from gpuledger.export.document import ledger_document
+from gpuledger.export.published import Published
 from gpuledger.pipeline import Pipeline
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_agent_pod, make_pod
 from gpuledger.sim.harness import SimulatedNode

@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 
 from gpuledger.explain.chain import verdicts
-from gpuledger.export.collector import Published
 from gpuledger.export.document import ledger_document
+from gpuledger.export.published import Published
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Snapshots
 from gpuledger.model.ray import RAY_LOCAL

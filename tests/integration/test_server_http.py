@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.export.collector import Published
+from gpuledger.export.published import Published
 from gpuledger.web import server
 from gpuledger.web.server import Exporter, serve
 from tests.reliability.harness import Node

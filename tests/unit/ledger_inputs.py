@@ -9,8 +9,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuledger.export.collector import Published, snapshot_families
+from gpuledger.export.collector import snapshot_families
 from gpuledger.export.exposition import render_text
+from gpuledger.export.published import Published
 from gpuledger.identity.cgroup import CgroupIdentity
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Snapshots

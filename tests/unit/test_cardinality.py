@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuledger.export.collector import Published, dropped_series, snapshot_families
+from gpuledger.export.collector import dropped_series, snapshot_families
+from gpuledger.export.published import Published
 from gpuledger.ledger import caps
 from gpuledger.ledger.ray import RayActorGpus, RayActorMemory, RayNodeView, fold_actor_classes
 from gpuledger.model import Snapshots

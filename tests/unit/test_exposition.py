@@ -10,8 +10,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuledger.export.collector import Published
 from gpuledger.export.exposition import render_text
+from gpuledger.export.published import Published
 from gpuledger.web.server import Exporter
 
 HOSTILE = [

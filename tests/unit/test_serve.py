@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpuledger.export.collector import Published, dropped_series
+from gpuledger.export.collector import dropped_series
 from gpuledger.export.document import ledger_document
+from gpuledger.export.published import Published
 from gpuledger.ledger import Ledger, build_ledger, caps
 from gpuledger.model import Snapshots
 from gpuledger.model.kubernetes import PODS

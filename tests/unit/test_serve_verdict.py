@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpuledger.explain.chain import verdicts
-from gpuledger.export.collector import Published
 from gpuledger.export.document import ledger_document
+from gpuledger.export.published import Published
 from tests.unit.test_serve import _engine, capture_snapshot, serve_ledger
 
 

@@ -8,54 +8,24 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample, Timestamp
 
 from gpuledger import __version__
-from gpuledger.ledger import ContainerRef, Ledger
+from gpuledger.export import families as F
+from gpuledger.export.families import FamilySpec
+from gpuledger.export.published import Published
+from gpuledger.ledger import ContainerRef, Ledger, overflow_view
 from gpuledger.ledger.engines import identity as engine_identity
 from gpuledger.model import SOURCE_STATES
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.nvml import MigDevice
 
-CONTAINER_LABELS = ["namespace", "pod", "pod_uid", "container", "workload"]
-MIG_INFO_LABELS = [
-    "gpu_uuid",
-    "parent_gpu_uuid",
-    "mig_index",
-    "gpu_instance_id",
-    "compute_instance_id",
-    "profile",
-]
-POD_LABELS = ["namespace", "pod", "pod_uid", "workload"]
-# `target` (the scraped host:port) keeps two engines of one pod, or of no pod, apart.
-ENGINE_LABELS = [*POD_LABELS, "model_name", "engine", "target"]
-# A Ray-executor engine's identity on every node (docs/design.md, identity rule 9).
-RAY_ENGINE_LABELS = ["ray_job_id", "ray_driver_node_id"]
-CONFIG_LABELS = [
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "data_parallel_size",
-    "max_num_seqs",
-    "num_gpu_blocks",
-    "block_size",
-]
-
-
-@dataclass(frozen=True)
-class Published:
-    """What a scrape renders: the latest ledger plus the exporter's running counters."""
-
-    ledger: Ledger
-    errors_total: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    last_success: Mapping[str, float] = field(default_factory=dict)
-    # From PipelineConfig.simulated: the data comes from gpuledger's simulator.
-    simulated: bool = False
-    # Metric family -> series a cap kept out, summed over snapshots (dropped_series).
-    dropped_total: Mapping[str, int] = field(default_factory=dict)
+# The engine's configuration labels, read from its config in this order.
+CONFIG_LABELS = F.ENGINE_CONFIG_INFO.labels[len(F.ENGINE_LABELS) :]
 
 
 def _container_values(ref: ContainerRef) -> list[str]:
@@ -66,17 +36,24 @@ def _pod_values(pod: PodInfo) -> list[str]:
     return [pod.namespace, pod.name, pod.uid, pod.workload]
 
 
-def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=["node", *labels])
+def _gauge(spec: FamilySpec) -> GaugeMetricFamily:
+    assert spec.wire_type == "gauge", spec.name
+    return GaugeMetricFamily(spec.name, spec.help, labels=["node", *spec.labels])
+
+
+def _counter(spec: FamilySpec) -> CounterMetricFamily:
+    assert spec.wire_type == "counter", spec.name
+    return CounterMetricFamily(spec.name, spec.help, labels=["node", *spec.labels])
 
 
 class _DeviceGauge(GaugeMetricFamily):
     """A gauge keyed by `gpu_uuid`. A MIG device's samples (gpu_uuid = its MIG UUID) also
     carry `parent_gpu_uuid`; a GPU's keep exactly the family's labels (docs/metrics.md)."""
 
-    def __init__(self, name: str, doc: str, labels: list[str], parents: Mapping[str, str]):
-        super().__init__(name, doc, labels=["node", *labels])
-        self._names = ["node", *labels]
+    def __init__(self, spec: FamilySpec, parents: Mapping[str, str]):
+        assert spec.device and spec.wire_type == "gauge", spec.name
+        self._names = ["node", *spec.labels]
+        super().__init__(spec.name, spec.help, labels=self._names)
         self._device = self._names.index("gpu_uuid")
         self._parents = parents
 
@@ -99,32 +76,13 @@ def mig_parents(ledger: Ledger) -> dict[str, str]:
 
 def gpu_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
-    info = _gauge(
-        "gpuledger_gpu_info",
-        "One per GPU: identity attributes. Join on gpu_uuid; gpu_index is host-local.",
-        ["gpu_uuid", "gpu_index", "model", "pci_bus_id", "mig_mode"],
-    )
+    info = _gauge(F.GPU_INFO)
     parents = mig_parents(ledger)
-    up = _DeviceGauge(
-        "gpuledger_gpu_up", "1 if every NVML query for this GPU succeeded.", ["gpu_uuid"], parents
-    )
-    total = _DeviceGauge(
-        "gpuledger_gpu_memory_total_bytes", "GPU memory size (NVML).", ["gpu_uuid"], parents
-    )
-    used = _DeviceGauge(
-        "gpuledger_gpu_memory_used_bytes", "GPU memory in use (NVML).", ["gpu_uuid"], parents
-    )
-    mig_info = _gauge(
-        "gpuledger_mig_device_info",
-        "One per MIG device (gpu_uuid: its MIG UUID) of a GPU in MIG mode: its GPU, MIG "
-        "device index, GPU and compute instance ids and profile.",
-        MIG_INFO_LABELS,
-    )
-    util = _gauge(
-        "gpuledger_gpu_utilization_ratio",
-        "Fraction of the last sample period a kernel ran on the GPU (NVML), 0-1.",
-        ["gpu_uuid"],
-    )
+    up = _DeviceGauge(F.GPU_UP, parents)
+    total = _DeviceGauge(F.GPU_MEMORY_TOTAL_BYTES, parents)
+    used = _DeviceGauge(F.GPU_MEMORY_USED_BYTES, parents)
+    mig_info = _gauge(F.MIG_DEVICE_INFO)
+    util = _gauge(F.GPU_UTILIZATION_RATIO)
     for gpu in ledger.gpus:
         info.add_metric([node, gpu.uuid, str(gpu.index), gpu.name, gpu.pci_bus_id, gpu.mig_mode], 1)
         up.add_metric([node, gpu.uuid], 1 if gpu.up else 0)
@@ -154,38 +112,17 @@ def _mig_values(mig: MigDevice) -> list[str]:
 
 def container_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
-    labels = ["gpu_uuid", *CONTAINER_LABELS]
     parents = mig_parents(ledger)
-    memory = _DeviceGauge(
-        "gpuledger_container_gpu_memory_used_bytes",
-        "GPU memory held by a container's processes on one GPU (NVML per-process, summed).",
-        labels,
-        parents,
-    )
-    count = _DeviceGauge(
-        "gpuledger_container_gpu_processes",
-        "Processes of a container holding a context on one GPU.",
-        labels,
-        parents,
-    )
+    memory = _DeviceGauge(F.CONTAINER_GPU_MEMORY_USED_BYTES, parents)
+    count = _DeviceGauge(F.CONTAINER_GPU_PROCESSES, parents)
     for row in ledger.usage:
         values = [node, row.gpu_uuid, *_container_values(row.container)]
         memory.add_metric(values, row.memory_used_bytes)
         count.add_metric(values, row.processes)
-    unattributed = _DeviceGauge(
-        "gpuledger_unattributed_gpu_memory_used_bytes",
-        "GPU memory held by processes that belong to no pod (host processes).",
-        ["gpu_uuid"],
-        parents,
-    )
+    unattributed = _DeviceGauge(F.UNATTRIBUTED_GPU_MEMORY_USED_BYTES, parents)
     for uuid, used in sorted(ledger.unattributed.items()):
         unattributed.add_metric([node, uuid], used)
-    devices = _DeviceGauge(
-        "gpuledger_container_device_info",
-        "Container ordinal local_index (CUDA device N inside the container) is host GPU gpu_uuid.",
-        [*CONTAINER_LABELS[:4], "local_index", "gpu_uuid", "source"],
-        parents,
-    )
+    devices = _DeviceGauge(F.CONTAINER_DEVICE_INFO, parents)
     for mapping in ledger.device_maps:
         devices.add_metric(
             [
@@ -203,39 +140,19 @@ def container_families(ledger: Ledger) -> Iterator[Metric]:
 def kubernetes_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     parents = mig_parents(ledger)
-    allocation = _DeviceGauge(
-        "gpuledger_gpu_allocation_info",
-        "1: the kubelet (PodResources) says this container holds this GPU.",
-        ["gpu_uuid", *CONTAINER_LABELS[:4], "resource"],
-        parents,
-    )
+    allocation = _DeviceGauge(F.GPU_ALLOCATION_INFO, parents)
     for a in ledger.allocations:
         allocation.add_metric(
             [node, a.gpu_uuid, *_container_values(a.container)[:4], a.resource], 1
         )
-    labels = ["gpu_uuid", *CONTAINER_LABELS]
-    unused = _DeviceGauge(
-        "gpuledger_gpu_allocated_unused",
-        "1: GPU allocated to the container, but none of its processes has a context on it.",
-        labels,
-        parents,
-    )
-    unallocated = _DeviceGauge(
-        "gpuledger_gpu_unallocated_use",
-        "1: a container's process uses this GPU although it is not allocated to it.",
-        labels,
-        parents,
-    )
+    unused = _DeviceGauge(F.GPU_ALLOCATED_UNUSED, parents)
+    unallocated = _DeviceGauge(F.GPU_UNALLOCATED_USE, parents)
     families = {"allocated_unused": unused, "unallocated_use": unallocated}
     for d in ledger.discrepancies:
         families[d.kind].add_metric(
             [node, d.gpu_uuid, *_container_values(d.container)], 1 if d.active else 0
         )
-    starting = _gauge(
-        "gpuledger_pod_starting",
-        "1: a GPU pod on this node is placed but not Ready yet (pulling, loading the model).",
-        POD_LABELS,
-    )
+    starting = _gauge(F.POD_STARTING)
     for state in ledger.pods:
         starting.add_metric([node, *_pod_values(state.pod)], 1 if state.starting else 0)
     yield from (allocation, unused, unallocated, starting)
@@ -243,17 +160,9 @@ def kubernetes_families(ledger: Ledger) -> Iterator[Metric]:
 
 def pending_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
-    placement = _gauge(
-        "gpuledger_pod_pending_placement",
-        "1 per pod the scheduler has not placed (PodScheduled=False), by dominant reason.",
-        [*POD_LABELS, "reason"],
-    )
-    gpus = _gauge("gpuledger_pod_pending_gpus", "GPUs an unplaced pod requests.", POD_LABELS)
-    since = _gauge(
-        "gpuledger_pod_pending_since_timestamp_seconds",
-        "When PodScheduled became False for an unplaced pod (Unix time).",
-        POD_LABELS,
-    )
+    placement = _gauge(F.POD_PENDING_PLACEMENT)
+    gpus = _gauge(F.POD_PENDING_GPUS)
+    since = _gauge(F.POD_PENDING_SINCE_TIMESTAMP_SECONDS)
     for pod in ledger.pending:
         values = [node, *_pod_values(pod)]
         placement.add_metric([*values, pod.pending_reason or "other"], 1)
@@ -265,51 +174,15 @@ def pending_families(ledger: Ledger) -> Iterator[Metric]:
 
 def engine_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
-    up = _gauge(
-        "gpuledger_engine_up", "1 if the last scrape of this vLLM engine succeeded.", ENGINE_LABELS
-    )
-    requests = _gauge(
-        "gpuledger_engine_requests",
-        "Requests in the engine: running (in this step's batch) or waiting (queued).",
-        [*ENGINE_LABELS, "state"],
-    )
-    by_reason = _gauge(
-        "gpuledger_engine_requests_waiting_by_reason",
-        "Waiting requests by the engine's reason (vLLM 0.20+: capacity, deferred).",
-        [*ENGINE_LABELS, "reason"],
-    )
-    kv = _gauge(
-        "gpuledger_engine_kv_cache_usage_ratio",
-        "Fraction of KV-cache blocks in use, 0-1.",
-        ENGINE_LABELS,
-    )
-    preemptions = CounterMetricFamily(
-        "gpuledger_engine_preemptions",
-        "Requests the engine preempted (vllm:num_preemptions_total).",
-        labels=["node", *ENGINE_LABELS],
-    )
-    config = _gauge(
-        "gpuledger_engine_config_info",
-        "1: the engine's configuration (whitelisted API-server flags and cache config).",
-        [*ENGINE_LABELS, *CONFIG_LABELS],
-    )
-    gpu = _DeviceGauge(
-        "gpuledger_engine_gpu_info",
-        "1: a process of the engine (role engine_core or worker, rank) holds this GPU.",
-        [*ENGINE_LABELS, "gpu_uuid", "role", "rank"],
-        mig_parents(ledger),
-    )
-    gpus = _gauge(
-        "gpuledger_engine_gpus",
-        "GPUs of one engine: configured (tensor x pipeline parallel size from its flags) and "
-        "in_use (distinct GPUs its processes hold, NVML).",
-        [*ENGINE_LABELS, "state"],
-    )
-    max_seqs = _gauge(
-        "gpuledger_engine_max_num_seqs",
-        "The engine's --max-num-seqs: requests one step may batch; absent when not set.",
-        ENGINE_LABELS,
-    )
+    up = _gauge(F.ENGINE_UP)
+    requests = _gauge(F.ENGINE_REQUESTS)
+    by_reason = _gauge(F.ENGINE_REQUESTS_WAITING_BY_REASON)
+    kv = _gauge(F.ENGINE_KV_CACHE_USAGE_RATIO)
+    preemptions = _counter(F.ENGINE_PREEMPTIONS)
+    config = _gauge(F.ENGINE_CONFIG_INFO)
+    gpu = _DeviceGauge(F.ENGINE_GPU_INFO, mig_parents(ledger))
+    gpus = _gauge(F.ENGINE_GPUS)
+    max_seqs = _gauge(F.ENGINE_MAX_NUM_SEQS)
     for e in ledger.engines:
         values = [node, e.namespace, e.pod, e.pod_uid, e.workload, e.model_name, e.engine, e.target]
         up.add_metric(values, 1 if e.up else 0)
@@ -341,17 +214,8 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
 def engine_ray_families(ledger: Ledger) -> Iterator[Metric]:
     """Driver side of a Ray-executor engine: its Ray job and what Ray says of its workers
     (docs/design.md, identity rule 9). Absent on a node without such engines."""
-    job = _gauge(
-        "gpuledger_engine_ray_job_info",
-        "1: the engine's EngineCore is the driver of this Ray job; its workers are Ray "
-        "actors on any node, reported there as gpuledger_ray_worker_info.",
-        [*ENGINE_LABELS, *RAY_ENGINE_LABELS],
-    )
-    workers = _gauge(
-        "gpuledger_engine_ray_workers",
-        "The engine's Ray worker actors on every node, by state (Ray's view).",
-        [*ENGINE_LABELS, "state"],
-    )
+    job = _gauge(F.ENGINE_RAY_JOB_INFO)
+    workers = _gauge(F.ENGINE_RAY_WORKERS)
     for e in ledger.engines:
         if e.ray is None:
             continue
@@ -364,28 +228,10 @@ def engine_ray_families(ledger: Ledger) -> Iterator[Metric]:
 
 def ray_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
-    nodes = _gauge(
-        "gpuledger_ray_node_gpus",
-        "GPUs of a Ray node that is this pod: Ray's logical total and available, and the "
-        "GPUs Kubernetes allocated to the pod (state=allocated).",
-        ["namespace", "pod", "pod_uid", "ray_node_id", "state"],
-    )
-    actors = _gauge(
-        "gpuledger_ray_actor_gpus",
-        "Logical GPUs held (ALIVE) or asked (pending) by Ray actors on this Ray node.",
-        [*POD_LABELS, "class_name", "state"],
-    )
-    without = _gauge(
-        "gpuledger_ray_actors_without_gpu_memory",
-        "ALIVE Ray actors with num_gpus > 0 whose process holds no GPU memory (NVML).",
-        [*POD_LABELS, "class_name"],
-    )
-    memory = _DeviceGauge(
-        "gpuledger_ray_actor_gpu_memory_used_bytes",
-        "GPU memory held by Ray actors' processes (actor PID -> host PID by NSpid -> NVML).",
-        ["gpu_uuid", "namespace", "pod", "pod_uid", "class_name"],
-        mig_parents(ledger),
-    )
+    nodes = _gauge(F.RAY_NODE_GPUS)
+    actors = _gauge(F.RAY_ACTOR_GPUS)
+    without = _gauge(F.RAY_ACTORS_WITHOUT_GPU_MEMORY)
+    memory = _DeviceGauge(F.RAY_ACTOR_GPU_MEMORY_USED_BYTES, mig_parents(ledger))
     ray = ledger.ray
     if ray is not None:
         for view in ray.nodes:
@@ -411,20 +257,8 @@ def ray_families(ledger: Ledger) -> Iterator[Metric]:
 def ray_worker_families(ledger: Ledger) -> Iterator[Metric]:
     """Worker side of Ray-executor engines: the vLLM worker actors on this node's Ray
     nodes, under their engine's cross-node identity. Absent on a node without any."""
-    ranks = ["bundle_index", "tp_rank", "pp_rank"]
-    info = _gauge(
-        "gpuledger_ray_worker_info",
-        "1 per vLLM worker actor (RayWorkerProc, RayWorkerWrapper) on this node's Ray nodes "
-        "whose process was looked up in NVML; ranks from its name (empty for the legacy "
-        "executor), bundle_index its placement group bundle.",
-        [*POD_LABELS, *RAY_ENGINE_LABELS, "class_name", *ranks],
-    )
-    memory = _DeviceGauge(
-        "gpuledger_ray_worker_gpu_memory_used_bytes",
-        "GPU memory a vLLM Ray worker's process holds (NVML by PID), per GPU.",
-        ["gpu_uuid", *POD_LABELS[:3], *RAY_ENGINE_LABELS, *ranks],
-        mig_parents(ledger),
-    )
+    info = _gauge(F.RAY_WORKER_INFO)
+    memory = _DeviceGauge(F.RAY_WORKER_GPU_MEMORY_USED_BYTES, mig_parents(ledger))
     for w in ledger.ray.workers if ledger.ray is not None else ():
         pod = _ray_pod(w.node.pod)
         engine = [w.engine.job_id, w.engine.driver_node_id]
@@ -442,17 +276,8 @@ def _number(value: int | None) -> str:
 
 def ray_cluster_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
-    groups = _gauge(
-        "gpuledger_ray_placement_groups",
-        "Ray placement groups by state and scheduling state (NO_RESOURCES waits for "
-        "resources others hold; INFEASIBLE never fits the cluster).",
-        ["namespace", "workload", "state", "scheduling_state"],
-    )
-    pending = _gauge(
-        "gpuledger_ray_pending_gpus",
-        "GPUs asked by Ray work that is not placed: placement groups and actors.",
-        ["namespace", "workload", "kind"],
-    )
+    groups = _gauge(F.RAY_PLACEMENT_GROUPS)
+    pending = _gauge(F.RAY_PENDING_GPUS)
     cluster = ledger.ray_cluster
     if cluster is not None:
         ids = [node, cluster.namespace, cluster.workload]
@@ -463,39 +288,13 @@ def ray_cluster_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (groups, pending)
 
 
-SERVE_DEPLOYMENT_LABELS = ["namespace", "workload", "application", "deployment"]
-SERVE_REPLICA_LABELS = [*POD_LABELS, "application", "deployment", "replica"]
-
-
 def serve_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
-    info = _gauge(
-        "gpuledger_serve_deployment_info",
-        "1 per Ray Serve deployment with a router or a replica on this node: its status "
-        "and max_ongoing_requests (requests one replica takes; the rest wait at the router).",
-        [*SERVE_DEPLOYMENT_LABELS, "status", "max_ongoing_requests"],
-    )
-    queued = _gauge(
-        "gpuledger_serve_router_queued_requests",
-        "Requests the Serve routers (proxies, deployment handles) on this node's Ray nodes "
-        "hold for a deployment, not assigned to a replica yet.",
-        SERVE_DEPLOYMENT_LABELS,
-    )
-    at_replicas = _gauge(
-        "gpuledger_serve_router_requests_at_replicas",
-        "Requests those routers have assigned to the deployment's replicas, not finished yet.",
-        SERVE_DEPLOYMENT_LABELS,
-    )
-    replica_info = _gauge(
-        "gpuledger_serve_replica_info",
-        "1 per Ray Serve replica on this node's Ray nodes: its pod and state.",
-        [*SERVE_REPLICA_LABELS, "state"],
-    )
-    ongoing = _gauge(
-        "gpuledger_serve_replica_ongoing_requests",
-        "Requests a Ray Serve replica runs now (ray_serve_replica_processing_queries).",
-        SERVE_REPLICA_LABELS,
-    )
+    info = _gauge(F.SERVE_DEPLOYMENT_INFO)
+    queued = _gauge(F.SERVE_ROUTER_QUEUED_REQUESTS)
+    at_replicas = _gauge(F.SERVE_ROUTER_REQUESTS_AT_REPLICAS)
+    replica_info = _gauge(F.SERVE_REPLICA_INFO)
+    ongoing = _gauge(F.SERVE_REPLICA_ONGOING_REQUESTS)
     serve = ledger.serve
     for d in serve.deployments if serve is not None else ():
         key = [node, d.namespace, d.workload, d.application, d.deployment]
@@ -521,37 +320,15 @@ def dropped_series(ledger: Ledger) -> dict[str, int]:
     o = ledger.overflow
     if o.empty:
         return {}
-    view = replace(
-        ledger,
-        gpus=o.gpus,
-        unattributed={},
-        usage=o.usage,
-        device_maps=o.device_maps,
-        allocations=o.allocations,
-        discrepancies=o.discrepancies,
-        pods=o.pods,
-        engines=o.engines,
-        pending=o.pending,
-        ray=o.ray,
-        ray_cluster=None,
-        serve=o.serve,
-    )
-    surplus_gpus = [
-        f
-        for f in engine_families(replace(view, engines=o.engine_gpus))
-        if f.name == "gpuledger_engine_gpu_info"
-    ]
+    view = overflow_view(ledger)
+    # Kept engines' GPU rows past the cap: only their engine GPU family was cut.
+    surplus = replace(view, engines=o.engine_gpus)
+    # Every mode's builders: a view holds only rows that were cut, whichever mode cut them.
+    builders = {build for builds in LEDGER_FAMILIES.values() for build in builds}
+    families = [f for build in builders for f in build(view)]
+    families += [f for f in engine_families(surplus) if f.name == F.ENGINE_GPU_INFO.name]
     counts: Counter[str] = Counter()
-    for family in (
-        *gpu_families(view),
-        *container_families(view),
-        *kubernetes_families(view),
-        *engine_families(view),
-        *surplus_gpus,
-        *ray_families(view),
-        *serve_families(view),
-        *pending_families(view),
-    ):
+    for family in families:
         if family.samples:
             suffix = "_total" if family.type == "counter" else ""
             counts[family.name + suffix] += len(family.samples)
@@ -559,12 +336,7 @@ def dropped_series(ledger: Ledger) -> dict[str, int]:
 
 
 def dropped_family(published: Published) -> Metric:
-    dropped = CounterMetricFamily(
-        "gpuledger_series_dropped",
-        "Series a per-node cardinality cap kept out of a metric family, summed over "
-        'snapshots. Ray actor classes past the cap are folded into class_name="_other".',
-        labels=["node", "family"],
-    )
+    dropped = _counter(F.SERIES_DROPPED)
     for family, count in sorted(published.dropped_total.items()):
         dropped.add_metric([published.ledger.node, family], count)
     return dropped
@@ -581,71 +353,52 @@ def _workload(pod: PodInfo | None) -> str:
 def self_families(published: Published, now: float) -> Iterator[Metric]:
     ledger = published.ledger
     node = ledger.node
-    up = _gauge("gpuledger_source_up", "1 if the source's last fetch succeeded.", ["source"])
+    up = _gauge(F.SOURCE_UP)
     # A state set (kube-state-metrics style): tells a source that is not configured on this
     # exporter from one that is down, while source_up stays 0 for both as before.
-    state = _gauge(
-        "gpuledger_source_state",
-        "1 for the source's state (up, down, not_configured: this exporter does not read it), "
-        "0 for the others.",
-        ["source", "state"],
-    )
-    duration = _gauge(
-        "gpuledger_source_duration_seconds", "How long the source's last fetch took.", ["source"]
-    )
+    state = _gauge(F.SOURCE_STATE)
+    duration = _gauge(F.SOURCE_DURATION_SECONDS)
     for status in ledger.sources:
         up.add_metric([node, status.source], 1 if status.up else 0)
         for name in SOURCE_STATES:
             state.add_metric([node, status.source, name], 1 if status.state == name else 0)
         duration.add_metric([node, status.source], status.duration_seconds)
-    errors = CounterMetricFamily(
-        "gpuledger_source_errors",
-        "Failed fetches by source and reason since the exporter started.",
-        labels=["node", "source", "reason"],
-    )
+    errors = _counter(F.SOURCE_ERRORS)
     for (source, reason), value in sorted(published.errors_total.items()):
         errors.add_metric([node, source, reason], value)
-    last = _gauge(
-        "gpuledger_source_last_success_timestamp_seconds",
-        "When the source last fetched successfully (Unix time).",
-        ["source"],
-    )
+    last = _gauge(F.SOURCE_LAST_SUCCESS_TIMESTAMP_SECONDS)
     for source, when in sorted(published.last_success.items()):
         last.add_metric([node, source], when)
-    build = _gauge(
-        "gpuledger_build_info",
-        "1; the running gpuledger version; simulated is true under gpuledger demo and "
-        "simulate (no real hardware).",
-        ["version", "simulated"],
-    )
+    build = _gauge(F.BUILD_INFO)
     build.add_metric([node, __version__, "true" if published.simulated else "false"], 1)
     yield from (up, state, duration, errors, last, build)
 
 
 def age_family(published: Published, now: float) -> Metric:
     """The one series that changes between scrapes of the same snapshot."""
-    age = _gauge(
-        "gpuledger_snapshot_age_seconds",
-        "Age of the snapshot this scrape renders; grows when the collection loop is stuck.",
-        [],
-    )
+    age = _gauge(F.SNAPSHOT_AGE_SECONDS)
     age.add_metric([published.ledger.node], max(0.0, now - published.ledger.taken_at))
     return age
 
 
+# The families of each mode that come from the ledger alone, in exposition order.
+LEDGER_FAMILIES: Mapping[str, tuple[Callable[[Ledger], Iterator[Metric]], ...]] = {
+    "node": (
+        gpu_families,
+        container_families,
+        kubernetes_families,
+        engine_families,
+        ray_families,
+        serve_families,
+    ),
+    "cluster": (pending_families, ray_cluster_families),
+}
+
+
 def snapshot_families(published: Published, now: float) -> Iterator[Metric]:
     """Everything derived from one snapshot alone (rendered once per cycle)."""
-    ledger = published.ledger
-    if ledger.mode == "node":
-        yield from gpu_families(ledger)
-        yield from container_families(ledger)
-        yield from kubernetes_families(ledger)
-        yield from engine_families(ledger)
-        yield from ray_families(ledger)
-        yield from serve_families(ledger)
-    else:
-        yield from pending_families(ledger)
-        yield from ray_cluster_families(ledger)
+    for build in LEDGER_FAMILIES[published.ledger.mode]:
+        yield from build(published.ledger)
     if published.dropped_total:
         yield dropped_family(published)
     yield from self_families(published, now)

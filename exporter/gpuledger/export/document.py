@@ -10,7 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 from gpuledger import __version__
-from gpuledger.export.collector import Published
+from gpuledger.export.published import Published
 from gpuledger.ledger import ContainerRef, Ledger
 from gpuledger.ledger.ray import RayWorker
 from gpuledger.ledger.rayengines import EngineRay

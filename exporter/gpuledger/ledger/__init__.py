@@ -13,6 +13,7 @@ from gpuledger.ledger.node import (
     ProcessView,
     build_ledger,
     container_of,
+    overflow_view,
 )
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "ProcessView",
     "build_ledger",
     "container_of",
+    "overflow_view",
 ]

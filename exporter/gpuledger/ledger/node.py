@@ -8,9 +8,9 @@ A fact that cannot be known because a source is down is left out, never guessed.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any, ClassVar
 
 from gpuledger.identity.devices import HostGpu, container_device_map, device_uuid
 from gpuledger.identity.processes import ancestors
@@ -27,6 +27,9 @@ from gpuledger.model.procfs import PROCESSES, ProcessInfo
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL, LocalRayNode
 from gpuledger.model.serve import SERVE
 from gpuledger.model.vllm import VLLM
+
+# How a capped field is cut: (rows, limit) -> (kept, past the cap).
+Cut = Callable[[Sequence[Any], int], tuple[tuple[Any, ...], tuple[Any, ...]]]
 
 SHORT_ID = 12  # container ID length people know from `crictl ps` / `docker ps`
 _TERMINATED = frozenset({"Succeeded", "Failed"})
@@ -117,35 +120,65 @@ class ProcessView:
     cuda_devices: tuple[str, ...] | None
 
 
+def _cap_discrepancies(
+    found: Sequence[Discrepancy], limit: int
+) -> tuple[tuple[Discrepancy, ...], tuple[Discrepancy, ...]]:
+    """At most `limit` rows of each kind (each kind is its own family)."""
+    kept: list[Discrepancy] = []
+    dropped: list[Discrepancy] = []
+    seen: dict[str, int] = defaultdict(int)
+    for d in found:
+        seen[d.kind] += 1
+        (kept if seen[d.kind] <= limit else dropped).append(d)
+    return tuple(kept), tuple(dropped)
+
+
+def _cut(limit: int, by: Cut = caps.split) -> Mapping[str, object]:
+    """Field metadata: `_capped` cuts the Ledger field of this name to `limit` with `by`."""
+    return {"cut": lambda rows: by(rows, limit)}
+
+
 @dataclass(frozen=True)
 class Overflow:
     """Rows a per-node cap (ledger/caps.py) kept out of the ledger, or a duplicate
     identity would have repeated: never exported, only counted by the collector in
-    gpuledger_series_dropped_total."""
+    gpuledger_series_dropped_total.
+
+    Each field is named after the Ledger field it overflows, with its type
+    (tests/unit/test_families.py): the rows past a cap are a Ledger view of their own
+    (`overflow_view`). A field with a `_cut` is cut by `_capped` after the join; the others
+    where their rows are built (GPUs, engines, Ray, Serve)."""
 
     gpus: tuple[Gpu, ...] = ()
-    usage: tuple[ContainerGpuUsage, ...] = ()
-    device_maps: tuple[DeviceMapping, ...] = ()
-    allocations: tuple[Allocation, ...] = ()
-    discrepancies: tuple[Discrepancy, ...] = ()
-    pods: tuple[PodState, ...] = ()
+    usage: tuple[ContainerGpuUsage, ...] = field(default=(), metadata=_cut(caps.MAX_GPU_ROWS))
+    device_maps: tuple[DeviceMapping, ...] = field(default=(), metadata=_cut(caps.MAX_GPU_ROWS))
+    allocations: tuple[Allocation, ...] = field(default=(), metadata=_cut(caps.MAX_GPU_ROWS))
+    discrepancies: tuple[Discrepancy, ...] = field(
+        default=(), metadata=_cut(caps.MAX_GPU_ROWS, by=_cap_discrepancies)
+    )
+    pods: tuple[PodState, ...] = field(default=(), metadata=_cut(caps.MAX_GPU_PODS))
     engines: tuple[Engine, ...] = ()
-    # Kept engines carrying only the GPU rows past MAX_GPU_ROWS.
-    engine_gpus: tuple[Engine, ...] = ()
-    pending: tuple[PodInfo, ...] = ()
+    pending: tuple[PodInfo, ...] = field(default=(), metadata=_cut(caps.MAX_PENDING_PODS))
     # Ray nodes past the cap with their rows, and the actor rows folded into OTHER_CLASS.
     ray: RayLocal | None = None
     # Serve deployment rows and replicas past their caps.
     serve: ServeLocal | None = None
+    # Not a Ledger field: kept engines carrying only the GPU rows past MAX_GPU_ROWS.
+    engine_gpus: tuple[Engine, ...] = ()
 
     @property
     def empty(self) -> bool:
-        rows = (self.gpus, self.usage, self.device_maps, self.allocations, self.discrepancies)
-        more = (self.pods, self.engines, self.engine_gpus, self.pending)
-        ray = self.ray
-        ray_rows = (ray.nodes, ray.actor_gpus, ray.actor_memory, ray.workers) if ray else ()
-        serve = (self.serve.deployments, self.serve.replicas) if self.serve is not None else ()
-        return not any((*rows, *more, *ray_rows, *serve))
+        return not any(_has_rows(getattr(self, f.name)) for f in fields(self))
+
+
+def _has_rows(value: object) -> bool:
+    """Whether an Overflow field holds a row: a tuple's items, or a joined part's
+    (RayLocal, ServeLocal) tuples."""
+    if isinstance(value, tuple):
+        return bool(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return any(_has_rows(getattr(value, f.name)) for f in fields(value))
+    return False
 
 
 @dataclass(frozen=True)
@@ -559,33 +592,43 @@ def _ray_local(
 
 
 def _capped(ledger: Ledger, overflow: Overflow) -> Ledger:
-    """The ledger with its container, pod and pending rows cut to their caps, and what
+    """The ledger with each field that has a `_cut` (see Overflow) cut to its cap, and what
     was cut added to `overflow`. Applied last: discrepancies are judged on every row."""
-    limit = caps.MAX_GPU_ROWS
-    usage, usage_over = caps.split(ledger.usage, limit)
-    device_maps, maps_over = caps.split(ledger.device_maps, limit)
-    allocations, allocations_over = caps.split(ledger.allocations, limit)
-    discrepancies, discrepancies_over = _cap_discrepancies(ledger.discrepancies, limit)
-    pods, pods_over = caps.split(ledger.pods, caps.MAX_GPU_PODS)
-    pending, pending_over = caps.split(ledger.pending, caps.MAX_PENDING_PODS)
-    return replace(
-        ledger,
-        usage=usage,
-        device_maps=device_maps,
-        allocations=allocations,
-        discrepancies=discrepancies,
-        pods=pods,
-        pending=pending,
-        overflow=replace(
-            overflow,
-            usage=usage_over,
-            device_maps=maps_over,
-            allocations=allocations_over,
-            discrepancies=discrepancies_over,
-            pods=pods_over,
-            pending=pending_over,
-        ),
-    )
+    kept: dict[str, Any] = {}
+    over: dict[str, Any] = {}
+    for f in fields(Overflow):
+        cut = f.metadata.get("cut")
+        if cut is not None:
+            kept[f.name], over[f.name] = cut(getattr(ledger, f.name))
+    return replace(ledger, **kept, overflow=replace(overflow, **over))
+
+
+def overflow_view(ledger: Ledger) -> Ledger:
+    """The ledger of the rows its caps kept out: every Overflow field in place of the
+    Ledger field of its name, every other row emptied (so built into families by the same
+    code as what is exported, it has exactly the series that were dropped)."""
+    rows = {f.name: getattr(ledger.overflow, f.name) for f in fields(Overflow)}
+    view: dict[str, Any] = {}
+    for f in fields(Ledger):
+        if f.name in _IDENTITY:
+            continue
+        view[f.name] = rows[f.name] if f.name in rows else _nothing(getattr(ledger, f.name))
+    return replace(ledger, **view)
+
+
+# Ledger fields that say which ledger it is, not rows of it.
+_IDENTITY = frozenset({"node", "mode", "taken_at", "driver_version"})
+
+
+def _nothing(value: object) -> object:
+    """An empty value of a Ledger field's kind."""
+    if isinstance(value, tuple):
+        return ()
+    if isinstance(value, Mapping):
+        return {}
+    if isinstance(value, Overflow):
+        return Overflow()
+    return None
 
 
 def _unique_gpus(gpus: Sequence[Gpu]) -> tuple[tuple[Gpu, ...], tuple[Gpu, ...]]:
@@ -598,19 +641,6 @@ def _unique_gpus(gpus: Sequence[Gpu]) -> tuple[tuple[Gpu, ...], tuple[Gpu, ...]]
         (repeated if gpu.uuid in seen else kept).append(gpu)
         seen.add(gpu.uuid)
     return tuple(kept), tuple(repeated)
-
-
-def _cap_discrepancies(
-    found: Sequence[Discrepancy], limit: int
-) -> tuple[tuple[Discrepancy, ...], tuple[Discrepancy, ...]]:
-    """At most `limit` rows of each kind (each kind is its own family)."""
-    kept: list[Discrepancy] = []
-    dropped: list[Discrepancy] = []
-    seen: dict[str, int] = defaultdict(int)
-    for d in found:
-        seen[d.kind] += 1
-        (kept if seen[d.kind] <= limit else dropped).append(d)
-    return tuple(kept), tuple(dropped)
 
 
 def _ray_cluster(snapshots: Snapshots) -> RayCluster | None:

@@ -28,9 +28,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import choose_encoder
 
 from gpuledger import __version__
-from gpuledger.export.collector import LedgerCollector, Published
+from gpuledger.export.collector import LedgerCollector
 from gpuledger.export.document import ledger_document
 from gpuledger.export.exposition import render_text
+from gpuledger.export.published import Published
 from gpuledger.web.node_page import render_page, simulated_banner
 from gpuledger.web.webconfig import TlsContext, WebConfig
 
