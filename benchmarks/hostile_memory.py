@@ -204,7 +204,7 @@ def _status() -> dict[str, float]:
 
 def measure(case: str, url: str, cycles: int) -> dict[str, Any]:
     from gpuledger.pipeline import Pipeline, PipelineConfig, _ray_client
-    from gpuledger.sources.engines.source import VllmScraper, VllmSource
+    from gpuledger.sources.engines.source import EngineScraper, EngineSource
     from gpuledger.sources.ray.state import RayClusterSource
 
     source_kind = CASES[case][0]
@@ -215,9 +215,9 @@ def measure(case: str, url: str, cycles: int) -> dict[str, Any]:
         source: Any = RayClusterSource(_ray_client(config), "", "ray")
     else:
         # As node_sources builds it at the default deadline (5 s).
-        scraper = VllmScraper(timeout_seconds=2.5, max_body_bytes=config.vllm_max_body_bytes)
+        scraper = EngineScraper(timeout_seconds=2.5, max_body_bytes=config.vllm_max_body_bytes)
         targets = [f"{url}/metrics?engine={i}" for i in range(ENGINES)]
-        source = VllmSource(scraper, targets, discovery=False)
+        source = EngineSource(scraper, targets, discovery=False)
     pipeline = Pipeline(config, sources=[source])
     start = _status()["VmRSS"]
     rss: list[float] = []

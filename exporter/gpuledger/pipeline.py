@@ -25,9 +25,9 @@ from gpuledger.model.kubernetes import PODS
 from gpuledger.model.podresources import PODRESOURCES
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL
 from gpuledger.model.serve import SERVE
-from gpuledger.model.vllm import VLLM
+from gpuledger.model.engines import ENGINES
 from gpuledger.sources.base import DISABLED, NotConfigured, Source, SourceRunner, Started
-from gpuledger.sources.engines.source import VllmScraper, VllmSource
+from gpuledger.sources.engines.source import EngineScraper, EngineSource
 from gpuledger.sources.kubernetes.pods import PodInformer
 from gpuledger.sources.nvml import NvmlSource
 from gpuledger.sources.podresources import PodResourcesSource
@@ -85,8 +85,8 @@ def node_sources(config: PipelineConfig) -> list[Source[Any]]:
         )
         if config.kubernetes
         else NotConfigured(PODS),
-        VllmSource(
-            VllmScraper(
+        EngineSource(
+            EngineScraper(
                 timeout_seconds=min(config.vllm_timeout_seconds, deadline / 2),
                 max_body_bytes=config.vllm_max_body_bytes,
             ),
@@ -94,7 +94,7 @@ def node_sources(config: PipelineConfig) -> list[Source[Any]]:
             discovery=config.vllm_discovery,
         )
         if config.vllm_targets or (config.vllm_discovery and config.kubernetes)
-        else NotConfigured(VLLM),
+        else NotConfigured(ENGINES),
         RayLocalSource(_ray_client(config)) if config.ray_address else NotConfigured(RAY_LOCAL),
         _serve_source(config) if config.ray_address else NotConfigured(SERVE),
     ]

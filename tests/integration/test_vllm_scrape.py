@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpuledger.model.vllm import EngineScrape, EngineTarget, VllmSnapshot
+from gpuledger.model.engines import EngineScrape, EngineTarget, EnginesSnapshot
 from gpuledger.sim.fake_vllm import FAULTS, FakeEngine, FakeVllmServer, Fault
-from gpuledger.sources.engines.source import VllmScraper
+from gpuledger.sources.engines.source import EngineScraper
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TIMEOUT = 0.5
@@ -37,10 +37,10 @@ def serve(
     return server
 
 
-def scraper(**kwargs: object) -> VllmScraper:
+def scraper(**kwargs: object) -> EngineScraper:
     options: dict[str, object] = {"timeout_seconds": TIMEOUT, "max_body_bytes": CAP}
     options.update(kwargs)
-    return VllmScraper(**options)  # type: ignore[arg-type]
+    return EngineScraper(**options)  # type: ignore[arg-type]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -52,7 +52,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
     return False
 
 
-def only(snapshot: VllmSnapshot) -> EngineScrape:
+def only(snapshot: EnginesSnapshot) -> EngineScrape:
     (scrape,) = snapshot.scrapes
     return scrape
 
@@ -147,7 +147,7 @@ def test_huge_below_the_cap_parses(servers: list[FakeVllmServer]) -> None:
 
 
 def test_no_targets_is_an_empty_snapshot() -> None:
-    assert scraper().scrape([]) == VllmSnapshot(())
+    assert scraper().scrape([]) == EnginesSnapshot(())
 
 
 def test_not_vllm_for_candidates_and_declared_targets(servers: list[FakeVllmServer]) -> None:

@@ -43,8 +43,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuledger.ledger.engines import VllmProcess, group_vllm_processes, parse_vllm_title
-from gpuledger.model.vllm import EngineMetrics
+from gpuledger.ledger.engines import EngineProcess, group_engine_processes, parse_engine_title
+from gpuledger.model.engines import EngineMetrics
 from gpuledger.sources.engines.exposition import parse_exposition
 from gpuledger.sources.procfs.source import ProcfsSource, parse_title
 
@@ -111,8 +111,8 @@ class Proc:
         return parse_title(self.cmdline)
 
     @property
-    def vllm(self) -> VllmProcess | None:
-        return parse_vllm_title(self.title, self.pid)
+    def vllm(self) -> EngineProcess | None:
+        return parse_engine_title(self.title, self.pid)
 
 
 def _ppid(pid: int) -> int | None:
@@ -549,14 +549,14 @@ class TestSingleEngine:
         assert tree[core_pid].argv0 == b"VLLM::EngineCore"
         assert tree[core_pid].cmdline.rstrip(b"\0") == b"VLLM::EngineCore"
         assert tree[core_pid].ppid == engine.pid
-        assert tree[core_pid].vllm == VllmProcess(core_pid, "engine_core", None, None, None)
+        assert tree[core_pid].vllm == EngineProcess(core_pid, "engine_core", None, None, None)
         # comm is cut to 15 bytes: why titles come from cmdline.
         assert Path(f"/proc/{core_pid}/comm").read_text().strip() == "VLLM::EngineCor"
 
         workers = [p for p in titled.values() if p.vllm is not None and p.vllm.role == "worker"]
         for w in workers:
             assert w.ppid == core_pid, f"Worker {w.pid} is not a child of EngineCore"
-            assert w.vllm == VllmProcess(w.pid, "worker", None, None, None)
+            assert w.vllm == EngineProcess(w.pid, "worker", None, None, None)
         # No other vLLM-titled process with one engine (resource_tracker is plain python).
         assert set(titled) == {core_pid, *(w.pid for w in workers)}
         # CPU builds force the multiprocessing executor: one `VLLM::Worker` (no suffix)
@@ -570,7 +570,7 @@ class TestSingleEngine:
         source = ProcfsSource("/proc")
         table = {pid: info for pid in tree if (info := source.read_process(pid)) is not None}
         pod_uid = table[engine.pid].cgroup.pod_uid or ""
-        groups = group_vllm_processes(table)
+        groups = group_engine_processes(table)
         group = groups[pod_uid]
         assert set(group.api_servers) == {engine.pid}
         assert dict(group.flags) == {
@@ -885,7 +885,7 @@ class TestDataParallel:
 
         source = ProcfsSource("/proc")
         table = {pid: info for pid in tree if (info := source.read_process(pid)) is not None}
-        group = group_vllm_processes(table)[table[api].cgroup.pod_uid or ""]
+        group = group_engine_processes(table)[table[api].cgroup.pod_uid or ""]
         assert set(group.api_servers) == {api}
         assert group.flags["data_parallel_size"] == "2"
         for rank, core in cores.items():

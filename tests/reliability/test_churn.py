@@ -293,7 +293,7 @@ from gpuledger.ledger import build_ledger
 from gpuledger.model import Snapshots, frozen_map
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
 from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
-from gpuledger.model.vllm import VLLM, EngineScrape, EngineTarget, VllmSnapshot
+from gpuledger.model.engines import ENGINES, EngineScrape, EngineTarget, EnginesSnapshot
 
 case = sys.argv[1]
 uid, cid = "74747474-0000-4000-8000-747474747474", "d" * 64
@@ -312,7 +312,7 @@ nvml = NvmlSnapshot("550", (Gpu(0, gpu, "H100", "00000000:18:00.0", True,
                                 memory_total_bytes=2**36, processes=(GpuProcess(100, 2**30),)),))
 scrape = EngineScrape(EngineTarget("http://10.0.0.1:8000/metrics", pod_uid=uid), False,
                       "refused", "refused", (), 0.0)
-bundle = Snapshots({NVML: nvml, PROCESSES: ProcSnapshot(procs), VLLM: VllmSnapshot((scrape,))})
+bundle = Snapshots({NVML: nvml, PROCESSES: ProcSnapshot(procs), ENGINES: EnginesSnapshot((scrape,))})
 build_ledger(bundle, node="n1", mode="node", taken_at=0.0)
 print("joined")
 """

@@ -35,7 +35,7 @@ from gpuledger.ledger.ray import (
 from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
 from gpuledger.model.procfs import PROCESSES
-from gpuledger.model.vllm import EngineTarget
+from gpuledger.model.engines import EngineTarget
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sim.fake_nvml import (
@@ -49,7 +49,7 @@ from gpuledger.sim.fake_nvml import (
 from gpuledger.sim.scenario import Scenario, ScenarioError, load_scenario
 from gpuledger.sources.base import SourceError, SourceRunner
 from gpuledger.sources.engines.source import REASONS as VLLM_REASONS
-from gpuledger.sources.engines.source import VllmScraper
+from gpuledger.sources.engines.source import EngineScraper
 from gpuledger.sources.kubernetes.pods import PodInformer
 from gpuledger.sources.nvml import NvmlSource
 from gpuledger.sources.podresources import PodResourcesSource
@@ -145,7 +145,7 @@ def test_vllm_scrape_reports_a_reason_for_any_answer(
     served = body + f"\n# {SECRET}\n".encode()
     headers = {"Content_Encoding": "gzip"} if gzip else {}  # garbage claiming to be gzip
     body_server.serve(served, status, **headers)
-    with VllmScraper(timeout_seconds=2.0, max_body_bytes=64 * 1024) as scraper:
+    with EngineScraper(timeout_seconds=2.0, max_body_bytes=64 * 1024) as scraper:
         result = scraper.scrape_one(EngineTarget(body_server.url + "/metrics", origin=origin))
     if not result.up:
         reason = result.error_reason or ""

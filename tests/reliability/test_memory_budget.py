@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import gpuledger
-from gpuledger.model.vllm import VLLM
+from gpuledger.model.engines import ENGINES
 from gpuledger.pipeline import Pipeline, PipelineConfig, node_sources
 from tests.reliability.hostile import MIB, Answer, Behaviour, HostileServer, Stream, gzip_bomb
 
@@ -65,7 +65,7 @@ def pipeline_for(source: str, url: str) -> Pipeline:
     if source == "ray":
         return Pipeline(PipelineConfig(node="n", mode="cluster", ray_address=url))
     config = PipelineConfig(node="n", vllm_targets=tuple(f"{url}/{i}" for i in range(ENGINES)))
-    return Pipeline(config, [s for s in node_sources(config) if s.key is VLLM])
+    return Pipeline(config, [s for s in node_sources(config) if s.key is ENGINES])
 
 
 @pytest.fixture(params=list(CASES), ids=list(CASES))

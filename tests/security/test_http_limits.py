@@ -21,10 +21,10 @@ import kubernetes.client
 import pytest
 
 from gpuledger.explain.chain import ExplainError, fetch_document
-from gpuledger.model.vllm import EngineTarget
+from gpuledger.model.engines import EngineTarget
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sources.base import SourceError, SourceRunner
-from gpuledger.sources.engines.source import VllmScraper
+from gpuledger.sources.engines.source import EngineScraper
 from gpuledger.sources.kubernetes.pods import PodInformer
 from gpuledger.sources.podresources import PodResourcesSource
 from gpuledger.sources.ray.state import RayStateClient
@@ -41,7 +41,7 @@ TRICKLE = {"size": 4096, "chunk": 1, "pause": 0.05}  # ~200 s to send in full
 
 
 def vllm_fetch(url: str) -> str | None:
-    with VllmScraper(timeout_seconds=TIMEOUT, max_body_bytes=CAP) as scraper:
+    with EngineScraper(timeout_seconds=TIMEOUT, max_body_bytes=CAP) as scraper:
         result = scraper.scrape_one(EngineTarget(url + "/metrics"))
     return None if result.up else result.error_reason
 

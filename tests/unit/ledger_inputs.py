@@ -21,7 +21,7 @@ from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
 from gpuledger.model.podresources import PODRESOURCES, DeviceAllocation, PodResourcesSnapshot
 from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
 from gpuledger.model.ray import RAY_LOCAL, LocalRayNode, RayActor, RayNode, RaySnapshot
-from gpuledger.model.vllm import VLLM, EngineMetrics, EngineScrape, EngineTarget
+from gpuledger.model.engines import ENGINES, EngineMetrics, EngineScrape, EngineTarget
 
 NODE = "n1"
 Series = tuple[str, tuple[tuple[str, str], ...]]
@@ -150,7 +150,7 @@ def ledger(mode: str = "node", **parts: Any) -> Ledger:
         "procs": PROCESSES,
         "pods": PODS,
         "podresources": PODRESOURCES,
-        "vllm": VLLM,
+        "vllm": ENGINES,
         "ray": RAY_LOCAL,
     }
     values = {keys[name]: value for name, value in parts.items()}

@@ -18,7 +18,7 @@ from gpuledger.ledger import caps
 from gpuledger.ledger.ray import RayActorGpus, RayActorMemory, RayNodeView, fold_actor_classes
 from gpuledger.model import Snapshots
 from gpuledger.model.ray import RAY_LOCAL, LocalRayNode, RayActor
-from gpuledger.model.vllm import EngineTarget, VllmSnapshot
+from gpuledger.model.engines import EngineTarget, EnginesSnapshot
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sources.base import Source
 from tests.conftest import REPO
@@ -194,7 +194,7 @@ def test_ray_nodes_are_capped_those_with_most_gpus_first() -> None:
 def test_1000_engines_are_capped_and_counted() -> None:
     targets = [EngineTarget(f"http://10.0.0.1:{8000 + t}/metrics") for t in range(4)]
     scrapes = tuple(scrape(target, [(f"model-{e}", "0") for e in range(250)]) for target in targets)
-    result = ledger(vllm=VllmSnapshot(scrapes))
+    result = ledger(vllm=EnginesSnapshot(scrapes))
     text = exposition(result)
     counts = within_budget(text, "node")
     assert counts["gpuledger_engine_up"] == caps.MAX_ENGINES
@@ -212,7 +212,7 @@ def test_engine_gpu_rows_are_capped() -> None:
     result = ledger(
         nvml=gpus(16, holders),
         procs=procs(table),
-        vllm=VllmSnapshot((scrape(target, [("m", "0")]),)),
+        vllm=EnginesSnapshot((scrape(target, [("m", "0")]),)),
     )
     text = exposition(result)
     counts = within_budget(text, "node")

@@ -16,7 +16,7 @@ from gpuledger.model.nvml import NVML
 from gpuledger.model.podresources import PODRESOURCES
 from gpuledger.model.procfs import PROCESSES
 from gpuledger.model.ray import RAY_LOCAL
-from gpuledger.model.vllm import VLLM, EngineTarget, VllmSnapshot, endpoint_of
+from gpuledger.model.engines import ENGINES, EngineTarget, EnginesSnapshot, endpoint_of
 from gpuledger.sources.engines.discovery import discover_targets
 from tests.unit.ledger_inputs import (
     NODE,
@@ -68,7 +68,7 @@ def answers(target: EngineTarget, down: set[str]) -> list[tuple[str, str]]:
 def colliding_ledger(previous: Ledger | None = None, down: frozenset[str] = frozenset()) -> Ledger:
     pod_list = colliding_pods()
     targets = discover_targets(pod_list, STATIC)
-    vllm = VllmSnapshot(
+    vllm = EnginesSnapshot(
         tuple(scrape(t, answers(t, set(down)), up=endpoint_of(t.url) not in down) for t in targets)
     )
     table = [
@@ -87,7 +87,7 @@ def colliding_ledger(previous: Ledger | None = None, down: frozenset[str] = froz
         PROCESSES: procs(table),
         PODS: pods(pod_list),
         PODRESOURCES: allocations([(p, 0) for p in pod_list]),
-        VLLM: vllm,
+        ENGINES: vllm,
         RAY_LOCAL: ray,
     }
     return build_ledger(Snapshots(snapshots), previous, node=NODE, mode="node", taken_at=0.0)

@@ -25,7 +25,7 @@ from gpuledger.identity.rayjobs import (
 )
 from gpuledger.ledger import caps
 from gpuledger.model.ray import LocalRayNode, RayActor, RayJob, RayNode, RaySnapshot
-from gpuledger.model.vllm import EngineTarget, VllmSnapshot
+from gpuledger.model.engines import EngineTarget, EnginesSnapshot
 from gpuledger.sim.fake_ray import placement_group_entry
 from gpuledger.sources.ray.state import parse_actor, parse_job, parse_node, parse_placement_group
 from tests.conftest import REPO
@@ -206,7 +206,7 @@ def engine_ledger(
         nvml=gpus(4, holders),
         procs=procs(found),
         pods=pods([HEAD_POD]),
-        vllm=VllmSnapshot((scrape(TARGET, [("m", "0")]),)),
+        vllm=EnginesSnapshot((scrape(TARGET, [("m", "0")]),)),
         ray=(head(actors, **more),),
     )
 
@@ -267,7 +267,7 @@ def test_ray_backend_without_a_link_has_no_local_gpu_count() -> None:
         nvml=gpus(1, {0: [101]}),
         procs=procs([server, core]),
         pods=pods([HEAD_POD]),
-        vllm=VllmSnapshot((scrape(TARGET, [("m", "0")]),)),
+        vllm=EnginesSnapshot((scrape(TARGET, [("m", "0")]),)),
     )
     (engine,) = result.engines
     assert engine.ray is None
@@ -309,7 +309,7 @@ def test_dp_rank_picks_the_engine() -> None:
         nvml=gpus(1, {0: [201]}),
         procs=procs(found),
         pods=pods([HEAD_POD]),
-        vllm=VllmSnapshot((scrape(TARGET, [("m", "0"), ("m", "1")]),)),
+        vllm=EnginesSnapshot((scrape(TARGET, [("m", "0"), ("m", "1")]),)),
         ray=(head(actors, jobs=(JOB, dp1)),),
     )
     assert [(e.engine, e.ray.id.job_id if e.ray else None) for e in result.engines] == [

@@ -28,7 +28,7 @@ from gpuledger.model.serve import (
     ServeRouterQueue,
     ServeSnapshot,
 )
-from gpuledger.model.vllm import VLLM, EngineMetrics, EngineScrape, EngineTarget, VllmSnapshot
+from gpuledger.model.engines import ENGINES, EngineMetrics, EngineScrape, EngineTarget, EnginesSnapshot
 from gpuledger.sources.engines.exposition import ExpositionError
 from gpuledger.sources.ray.serve import metrics_export_port, parse_applications
 from gpuledger.sources.ray.serve_metrics import MAX_SERIES, parse_serve_metrics
@@ -163,7 +163,7 @@ RAY_POD = replace(pod(1, namespace="serving", name="sleepapp-head", ip="10.0.0.5
 
 
 def serve_ledger(
-    snapshot: ServeSnapshot, *, in_pod: bool = True, vllm: VllmSnapshot | None = None
+    snapshot: ServeSnapshot, *, in_pod: bool = True, vllm: EnginesSnapshot | None = None
 ) -> Ledger:
     """The capture's node as a Ray pod here: the replicas' processes with NSpid."""
     node = ray_node(NODE_ID, 0.0, ip="10.0.0.5")
@@ -180,7 +180,7 @@ def serve_ledger(
         PROCESSES: procs(infos),
     }
     if vllm is not None:
-        values[VLLM] = vllm
+        values[ENGINES] = vllm
     if in_pod:
         values[PODS] = pods([RAY_POD])
     return build_ledger(Snapshots(values), node="n1", mode="node", taken_at=0.0)
@@ -225,12 +225,12 @@ def test_the_families_and_the_document() -> None:
     assert doc["unread_ray_nodes"] == []
 
 
-def _engine(waiting: float, kv: float) -> VllmSnapshot:
+def _engine(waiting: float, kv: float) -> EnginesSnapshot:
     target = EngineTarget(
         "http://10.0.0.5:8000/metrics", "serving", RAY_POD.name, RAY_POD.uid, RAY_POD.workload
     )
     metrics_ = EngineMetrics("m", "0", 8.0, waiting, kv_cache_usage_ratio=kv)
-    return VllmSnapshot((EngineScrape(target, True, None, None, (metrics_,), 0.01),))
+    return EnginesSnapshot((EngineScrape(target, True, None, None, (metrics_,), 0.01),))
 
 
 def test_the_engine_inside_a_replica() -> None:
@@ -248,7 +248,7 @@ def test_the_engine_inside_a_replica() -> None:
         SERVE: snapshot,
         PROCESSES: procs(infos),
         PODS: pods([RAY_POD]),
-        VLLM: _engine(0, 0.1),
+        ENGINES: _engine(0, 0.1),
     }
     ledger = build_ledger(Snapshots(values), node="n1", mode="node", taken_at=0.0)
     assert ledger.serve is not None

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.model.vllm import EngineMetrics
+from gpuledger.model.engines import EngineMetrics
 from gpuledger.sim.fake_vllm import FakeEngine, render_exposition
 from gpuledger.sources.engines.exposition import (
     CACHE_CONFIG_LABELS,

@@ -1,9 +1,8 @@
-"""A vLLM engine's Ray job and its workers (docs/design.md, identity rule 9). Pure.
+"""An engine's Ray job and its workers (docs/design.md, identity rule 9). Pure.
 
-With `--distributed-executor-backend ray` the EngineCore process is the driver of a Ray
-job (`driver_info.pid` = its PID, the entrypoint its title) and its workers are actors of
-that job: `RayWorkerProc` named `vllm_Worker_<instance>_TP<t>[_PP<p>][_PCP<c>]` (vLLM's
-RayExecutorV2), or unnamed `RayWorkerWrapper` (the legacy RayDistributedExecutor).
+On the Ray executor an engine's core process is the driver of a Ray job
+(`driver_info.pid` = its PID, the entrypoint its title) and its workers are actors of
+that job, of the classes and names its kind's RayExecutor describes (gpuledger.engines).
 
 The engine's identity on every node is (job id, driver's node id): both come from Ray's
 state API, which every node agent reads alike, and outlive an agent's restart. A job id
@@ -18,13 +17,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from gpuledger.engines import KINDS
+from gpuledger.engines.kinds import RayExecutor, title_ranks
 from gpuledger.model.ray import RayActor, RayJob, RayNode
 
-# vLLM's Ray worker classes: RayExecutorV2 (0.32's default) and the legacy executor.
-WORKER_CLASSES: Final = frozenset({"RayWorkerProc", "RayWorkerWrapper"})
-_ENGINE_TITLE = re.compile(r"^VLLM::EngineCore(?:_DP(\d+))?$")
-_WORKER_NAME = re.compile(r"^vllm_Worker_([^_]+)((?:_[A-Z]+\d+)*)$")
-_PART = re.compile(r"_([A-Z]+)(\d+)")
+_EXECUTORS: Final[tuple[RayExecutor, ...]] = tuple(k.ray for k in KINDS if k.ray is not None)
+WORKER_CLASSES: Final = frozenset(c for x in _EXECUTORS for c in x.worker_classes)
 
 
 @dataclass(frozen=True, order=True)
@@ -45,27 +43,31 @@ class WorkerRanks:
 
 
 def engine_dp_rank(job: RayJob) -> int | None:
-    """The data-parallel rank of a vLLM EngineCore driver (0 without a `_DP` suffix);
-    None when the job's driver is not a vLLM EngineCore."""
-    match = _ENGINE_TITLE.match(job.entrypoint_title)
-    if match is None:
-        return None
-    return int(match.group(1) or 0)
+    """The data-parallel rank of an engine core driver (0 without a rank in its title);
+    None when the job's driver is not an engine core."""
+    for executor in _EXECUTORS:
+        match = executor.driver_title.match(job.entrypoint_title)
+        if match is not None:
+            return int(match.group(1) or 0)
+    return None
+
+
+def _worker_name(name: str | None) -> re.Match[str] | None:
+    matches = (x.worker_name.match(name) for x in _EXECUTORS if name is not None)
+    return next((m for m in matches if m is not None), None)
 
 
 def is_worker(actor: RayActor) -> bool:
-    return actor.class_name in WORKER_CLASSES or (
-        actor.name is not None and _WORKER_NAME.match(actor.name) is not None
-    )
+    return actor.class_name in WORKER_CLASSES or _worker_name(actor.name) is not None
 
 
 def worker_ranks(actor: RayActor) -> WorkerRanks:
-    """`vllm_Worker_1796…_TP1` -> tp 1, pp 0 (vLLM appends `_PP<p>` only when pipeline
-    parallel); an unnamed legacy worker -> unknown."""
-    match = _WORKER_NAME.match(actor.name or "")
+    """A named worker's TP and PP ranks (PP 0 where the name has none, as engines name
+    it only when pipeline parallel); an unnamed legacy worker -> unknown."""
+    match = _worker_name(actor.name)
     if match is None:
         return WorkerRanks(None, None)
-    parts = {k: int(v) for k, v in _PART.findall(match.group(2))}
+    parts = title_ranks(match.group(2))
     return WorkerRanks(parts.get("TP", 0), parts.get("PP", 0))
 
 

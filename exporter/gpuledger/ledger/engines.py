@@ -1,55 +1,28 @@
-"""vLLM engines joined to their pods, processes and GPUs (identity rule 6). Pure.
+"""Engines joined to their pods, processes and GPUs (identity rule 6). Pure.
 
 An engine is known from two sides: its `/metrics` (model, DP rank, queues, KV cache) and
-its process tree (API server -> `VLLM::EngineCore[_DP<r>]` -> `VLLM::Worker…`). The two
-meet on the API server that listens on the target's port (ledger/binding.py), else on
-the Pod UID (empty for a process on a host without Kubernetes), and then on the DP rank.
+its process tree (API server -> the processes its kind retitles: an engine core per DP
+rank, and its workers; gpuledger.engines). The two meet on the API server that listens
+on the target's port (ledger/binding.py), else on the Pod UID (empty for a process on a
+host without Kubernetes), and then on the DP rank.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpuledger.engines import BY_NAME, EngineProcess, is_engine_title, parse_engine_title
+from gpuledger.engines.kinds import ENGINE_CORE, PIPELINE_PARALLEL_SIZE, TENSOR_PARALLEL_SIZE
 from gpuledger.identity.processes import ancestors
 from gpuledger.identity.urls import safe_url
 from gpuledger.ledger import caps
 from gpuledger.ledger.binding import Binding, SocketsRead, bind_target
 from gpuledger.ledger.rayengines import EngineRay
 from gpuledger.model import frozen_map
+from gpuledger.model.engines import NOT_AN_ENGINE, EngineMetrics, EngineScrape, EnginesSnapshot
 from gpuledger.model.procfs import ProcessInfo, ProcessSockets
-from gpuledger.model.vllm import EngineMetrics, EngineScrape, VllmSnapshot
-
-_TITLE = re.compile(r"^VLLM::(EngineCore|Worker)((?:_[A-Z]+\d+)*)$")
-_PART = re.compile(r"_([A-Z]+)(\d+)")
-
-# vLLM's defaults when the flag is absent from the API server's command line.
-_FLAG_DEFAULTS = {
-    "tensor_parallel_size": "1",
-    "pipeline_parallel_size": "1",
-    "data_parallel_size": "1",
-}
-
-
-@dataclass(frozen=True)
-class VllmProcess:
-    pid: int
-    role: str  # engine_core | worker
-    dp_rank: int | None
-    pp_rank: int | None
-    tp_rank: int | None
-
-
-def parse_vllm_title(title: str, pid: int = 0) -> VllmProcess | None:
-    """`VLLM::Worker_DP1_PP0_TP3` -> worker, dp 1, pp 0, tp 3; None for other titles."""
-    match = _TITLE.match(title)
-    if match is None:
-        return None
-    parts = {k: int(v) for k, v in _PART.findall(match.group(2))}
-    role = "engine_core" if match.group(1) == "EngineCore" else "worker"
-    return VllmProcess(pid, role, parts.get("DP"), parts.get("PP"), parts.get("TP"))
 
 
 @dataclass(frozen=True)
@@ -95,15 +68,17 @@ class Engine:
     pids: tuple[int, ...] = ()
     # The Ray job its EngineCore drives (Ray executor), when linked (ledger/rayengines.py).
     ray: EngineRay | None = None
+    # Its engine kind (gpuledger.engines): the scrape's, else the previous cycle's.
+    kind: str = ""
 
 
 @dataclass(frozen=True)
 class _Server:
-    """One API server and the vLLM processes under it."""
+    """One API server and the engine processes under it."""
 
     pid: int
-    flags: Mapping[str, str]  # whitelisted, with vLLM's defaults
-    by_rank: Mapping[int, tuple[VllmProcess, ...]]
+    flags: Mapping[str, str]  # whitelisted, with its kind's defaults
+    by_rank: Mapping[int, tuple[EngineProcess, ...]]
 
 
 @dataclass(frozen=True)
@@ -111,49 +86,55 @@ class _ProcessGroup:
     api_servers: frozenset[int]
     # Of the only API server; empty with several.
     flags: Mapping[str, str]
-    # DP rank -> every vLLM process of the pod (or host)
-    by_rank: Mapping[int, tuple[VllmProcess, ...]]
+    # DP rank -> every engine process of the pod (or host)
+    by_rank: Mapping[int, tuple[EngineProcess, ...]]
     servers: Mapping[int, _Server] = field(default_factory=frozen_map)
 
 
 def _api_server_of(pid: int, procs: Mapping[int, ProcessInfo]) -> int | None:
-    """The nearest ancestor that is not a `VLLM::` process: the API server."""
+    """The nearest ancestor that is not an engine-retitled process: the API server."""
     info = procs.get(pid)
     if info is None:
         return None
-    if not info.title.startswith("VLLM::"):
+    if not is_engine_title(info.title):
         return info.pid
     for parent in ancestors(info, procs):
-        if not parent.title.startswith("VLLM::"):
+        if not is_engine_title(parent.title):
             return parent.pid
     return None
 
 
-def _engine_rank(proc: VllmProcess, pid: int, procs: Mapping[int, ProcessInfo]) -> int:
+def _engine_rank(proc: EngineProcess, pid: int, procs: Mapping[int, ProcessInfo]) -> int:
     """DP rank of a process: its own title, else its EngineCore ancestor's, else 0."""
     if proc.dp_rank is not None:
         return proc.dp_rank
     info = procs.get(pid)
     for parent in ancestors(info, procs) if info is not None else ():
-        found = parse_vllm_title(parent.title)
+        found = parse_engine_title(parent.title)
         if found is not None and found.dp_rank is not None:
             return found.dp_rank
     return 0
 
 
-def _ranked(items: Sequence[tuple[VllmProcess, int]]) -> Mapping[int, tuple[VllmProcess, ...]]:
-    by_rank: dict[int, list[VllmProcess]] = defaultdict(list)
+def _ranked(items: Sequence[tuple[EngineProcess, int]]) -> Mapping[int, tuple[EngineProcess, ...]]:
+    by_rank: dict[int, list[EngineProcess]] = defaultdict(list)
     for proc, rank in items:
         by_rank[rank].append(proc)
     return frozen_map({r: tuple(sorted(p, key=lambda x: x.pid)) for r, p in by_rank.items()})
 
 
-def group_vllm_processes(procs: Mapping[int, ProcessInfo]) -> dict[str, _ProcessGroup]:
-    """vLLM process trees by Pod UID ("" = host processes), and by API server in each."""
-    members: dict[str, list[tuple[VllmProcess, int]]] = defaultdict(list)
-    under: dict[str, dict[int, list[tuple[VllmProcess, int]]]] = defaultdict(dict)
+def _server_flags(info: ProcessInfo, mine: Sequence[tuple[EngineProcess, int]]) -> Mapping[str, str]:
+    """The API server's whitelisted flags over the defaults of its processes' kind."""
+    kind = BY_NAME.get(mine[0][0].kind) if mine else None
+    return frozen_map({**(kind.flag_defaults if kind is not None else {}), **info.flags})
+
+
+def group_engine_processes(procs: Mapping[int, ProcessInfo]) -> dict[str, _ProcessGroup]:
+    """Engine process trees by Pod UID ("" = host processes), and by API server in each."""
+    members: dict[str, list[tuple[EngineProcess, int]]] = defaultdict(list)
+    under: dict[str, dict[int, list[tuple[EngineProcess, int]]]] = defaultdict(dict)
     for pid, info in procs.items():
-        parsed = parse_vllm_title(info.title, pid)
+        parsed = parse_engine_title(info.title, pid)
         if parsed is None:
             continue
         pod_uid = info.cgroup.pod_uid or ""
@@ -165,7 +146,7 @@ def group_vllm_processes(procs: Mapping[int, ProcessInfo]) -> dict[str, _Process
     groups: dict[str, _ProcessGroup] = {}
     for pod_uid, items in members.items():
         servers = {
-            pid: _Server(pid, frozen_map({**_FLAG_DEFAULTS, **procs[pid].flags}), _ranked(mine))
+            pid: _Server(pid, _server_flags(procs[pid], mine), _ranked(mine))
             for pid, mine in under[pod_uid].items()
         }
         only = next(iter(servers.values())) if len(servers) == 1 else None
@@ -178,8 +159,8 @@ def group_vllm_processes(procs: Mapping[int, ProcessInfo]) -> dict[str, _Process
     return groups
 
 
-def _worker_rank(proc: VllmProcess, tp_size: int) -> str:
-    if proc.role == "engine_core":
+def _worker_rank(proc: EngineProcess, tp_size: int) -> str:
+    if proc.role == ENGINE_CORE:
         return "0"
     return str((proc.pp_rank or 0) * tp_size + (proc.tp_rank or 0))
 
@@ -192,7 +173,7 @@ def _engine_gpus(
     if server is None:
         return ()
     try:
-        tp_size = int(server.flags.get("tensor_parallel_size", "1") or 1)
+        tp_size = int(server.flags.get(TENSOR_PARALLEL_SIZE, "1") or 1)
     except ValueError:
         tp_size = 1
     found = {
@@ -207,8 +188,8 @@ def _configured_gpus(server: _Server | None) -> int | None:
     if server is None:
         return None
     try:
-        tp = int(server.flags.get("tensor_parallel_size", "1"))
-        pp = int(server.flags.get("pipeline_parallel_size", "1"))
+        tp = int(server.flags.get(TENSOR_PARALLEL_SIZE, "1"))
+        pp = int(server.flags.get(PIPELINE_PARALLEL_SIZE, "1"))
     except ValueError:
         return None  # a flag we cannot read as a number: unknown, not a guess
     return tp * pp
@@ -233,27 +214,35 @@ def known_engine_ids(engines: Sequence[Engine]) -> Mapping[str, Sequence[tuple[s
     return known
 
 
+def known_kinds(engines: Sequence[Engine]) -> Mapping[str, str]:
+    """Target URL -> its engine kind, from a previous ledger, where it was known."""
+    return {e.url: e.kind for e in engines if e.kind}
+
+
 def build_engines(
-    snapshot: VllmSnapshot | None,
+    snapshot: EnginesSnapshot | None,
     procs: Mapping[int, ProcessInfo],
     gpu_by_pid: Mapping[int, Sequence[str]],
     known: Mapping[str, Sequence[tuple[str, str]]],
     sockets: Mapping[int, ProcessSockets] | None = None,
+    known_kinds: Mapping[str, str] | None = None,
 ) -> tuple[Engine, ...]:
     """Engines from this cycle's scrapes.
 
     `known` maps a target URL to the (model_name, engine) pairs it served before, so a
     target that stops answering keeps its series with up=0 instead of vanishing.
-    `sockets` are the API servers' listening sockets (ProcSnapshot.sockets).
+    `sockets` are the API servers' listening sockets (ProcSnapshot.sockets);
+    `known_kinds` each target URL's engine kind before (known_kinds()).
     """
     if snapshot is None:
         return ()
-    groups = group_vllm_processes(procs)
+    groups = group_engine_processes(procs)
     engines: list[Engine] = []
     for scrape in snapshot.scrapes:
-        if not scrape.up and scrape.error_reason == "not_vllm":
+        if not scrape.up and scrape.error_reason == NOT_AN_ENGINE:
             continue  # only a candidate (prometheus.io annotation), not an engine
-        engines.extend(_engines_of(scrape, groups, gpu_by_pid, known, sockets or {}))
+        kind = scrape.kind or (known_kinds or {}).get(safe_url(scrape.target.url), "")
+        engines.extend(_engines_of(scrape, kind, groups, gpu_by_pid, known, sockets or {}))
     return tuple(engines)
 
 
@@ -297,6 +286,7 @@ def cap_engines(
 
 def _engines_of(
     scrape: EngineScrape,
+    kind: str,
     groups: Mapping[str, _ProcessGroup],
     gpu_by_pid: Mapping[int, Sequence[str]],
     known: Mapping[str, Sequence[tuple[str, str]]],
@@ -335,6 +325,7 @@ def _engines_of(
             api_server_pid=bound.api_server,
             sockets=bound.sockets,
             pids=(server.pid, *(p.pid for p in own)) if server is not None else (),
+            kind=kind,
         )
 
     if scrape.up:

@@ -12,10 +12,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar
 
+from gpuledger.engines import TITLE_PREFIXES
 from gpuledger.identity.devices import HostGpu, container_device_map, device_uuid
 from gpuledger.identity.processes import ancestors
 from gpuledger.ledger import caps
-from gpuledger.ledger.engines import Engine, build_engines, cap_engines, known_engine_ids
+from gpuledger.ledger.engines import (
+    Engine,
+    build_engines,
+    cap_engines,
+    known_engine_ids,
+    known_kinds,
+)
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
@@ -26,7 +33,7 @@ from gpuledger.model.podresources import PODRESOURCES, PodResourcesSnapshot
 from gpuledger.model.procfs import PROCESSES, ProcessInfo
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL, LocalRayNode
 from gpuledger.model.serve import SERVE
-from gpuledger.model.vllm import VLLM
+from gpuledger.model.engines import ENGINES
 
 # How a capped field is cut: (rows, limit) -> (kept, past the cap).
 Cut = Callable[[Sequence[Any], int], tuple[tuple[Any, ...], tuple[Any, ...]]]
@@ -446,7 +453,7 @@ def build_ledger(
     pods = snapshots.get(PODS) if node_mode else None
     pending = None if node_mode else snapshots.get(PODS)
     podresources = snapshots.get(PODRESOURCES)
-    vllm = snapshots.get(VLLM)
+    engine_scrapes = snapshots.get(ENGINES)
     ray_local = snapshots.get(RAY_LOCAL) if node_mode else None
     ray_cluster = None if node_mode else _ray_cluster(snapshots)
     sources = snapshots.statuses
@@ -520,11 +527,12 @@ def build_ledger(
     engines, engines_over, engine_gpus_over = cap_engines(
         link_ray_engines(
             build_engines(
-                vllm,
+                engine_scrapes,
                 process_table,
                 gpu_by_pid,
                 known_engine_ids(previous.engines) if previous is not None else {},
                 procs.sockets if procs is not None else None,
+                known_kinds(previous.engines) if previous is not None else None,
             ),
             ray_local,
             process_table,
@@ -715,14 +723,14 @@ def _cuda_devices(
 
 # Processes that rename themselves with setproctitle: it reuses the memory of the
 # environment block, so /proc/<pid>/environ no longer shows what they inherited.
-_RETITLED = ("VLLM::",)
+_RETITLED = TITLE_PREFIXES
 
 
 def _device_environ(
     info: ProcessInfo, procs: Mapping[int, ProcessInfo]
 ) -> Mapping[str, str] | None:
     """The environment that decides this process's devices: its own, or for a retitled
-    vLLM process that of its nearest intact ancestor in the same container (the API
+    engine process that of its nearest intact ancestor in the same container (the API
     server whose CUDA_VISIBLE_DEVICES it inherited); None when none is known."""
     if not info.title.startswith(_RETITLED):
         return info.environ

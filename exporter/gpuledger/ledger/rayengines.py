@@ -1,4 +1,4 @@
-"""vLLM engines joined to the Ray jobs their EngineCore drives (identity rule 9). Pure.
+"""Engines joined to the Ray jobs their engine core drives (identity rule 9). Pure.
 
 With the Ray executor an engine's workers are Ray actors, children of the raylets of
 any node, not of its API server. The node agent of the engine's node links the engine to
@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final
 
+from gpuledger.engines import parse_engine_title
+from gpuledger.engines.kinds import ENGINE_CORE
 from gpuledger.identity.rayjobs import RayEngineId, driver_node, engine_dp_rank, is_worker
 from gpuledger.model import frozen_map
 from gpuledger.model.procfs import ProcessInfo
@@ -121,15 +123,14 @@ def _one(
 
 
 def _engine_core_pids(key: tuple[str, int], procs: Mapping[int, ProcessInfo]) -> set[int]:
-    """PIDs, as their own PID namespace numbers them, of the pod's EngineCores of the rank."""
+    """PIDs, as their own PID namespace numbers them, of the pod's engine cores of the rank."""
     pod_uid, rank = key
     found = set()
     for info in procs.values():
-        title = info.title
-        if not title.startswith("VLLM::EngineCore") or (info.cgroup.pod_uid or "") != pod_uid:
+        core = parse_engine_title(info.title)
+        if core is None or core.role != ENGINE_CORE or (info.cgroup.pod_uid or "") != pod_uid:
             continue
-        suffix = title.removeprefix("VLLM::EngineCore").removeprefix("_DP")
-        if (int(suffix) if suffix.isdigit() else 0) == rank and info.nspid:
+        if (core.dp_rank or 0) == rank and info.nspid:
             found.add(info.nspid[-1])
     return found
 

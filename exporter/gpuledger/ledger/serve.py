@@ -2,7 +2,7 @@
 
 A replica is a Ray actor: its PID (in the Ray pod's PID namespace) becomes a host PID by
 NSpid (identity rule 3, ledger/ray.py), its Ray node is a pod (rule 8), and the vLLM
-engine in it is the one whose `VLLM::` processes descend from the replica's process. A
+engine in it is the one whose retitled engine processes descend from the replica's process. A
 router's queue belongs to the pod of the Ray node whose metrics reported it. Rows are keyed
 by (namespace, workload, application, deployment); a Ray node that is no pod (outside
 Kubernetes) counts for the snapshot's configured workload.
@@ -16,7 +16,9 @@ from typing import Final
 
 from gpuledger.identity.processes import ancestors
 from gpuledger.ledger import caps
-from gpuledger.ledger.engines import Engine, parse_vllm_title
+from gpuledger.engines import parse_engine_title
+from gpuledger.engines.kinds import ENGINE_CORE
+from gpuledger.ledger.engines import Engine
 from gpuledger.ledger.ray import HostPids
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.procfs import ProcessInfo
@@ -200,7 +202,7 @@ def _replica_view(
 def _engines_by_process(
     procs: Mapping[int, ProcessInfo], engines: Sequence[Engine]
 ) -> dict[int, tuple[tuple[str, str, str], ...]]:
-    """Host PID -> the engines whose `VLLM::` processes descend from it (or are it),
+    """Host PID -> the engines whose retitled processes descend from it (or are it),
     matched on the Pod UID and data-parallel rank as ledger/engines.py joins them."""
     by_rank: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
     for e in engines:
@@ -209,8 +211,8 @@ def _engines_by_process(
         return {}
     found: dict[int, set[tuple[str, str, str]]] = {}
     for info in procs.values():
-        parsed = parse_vllm_title(info.title, info.pid)
-        if parsed is None or parsed.role != "engine_core":
+        parsed = parse_engine_title(info.title, info.pid)
+        if parsed is None or parsed.role != ENGINE_CORE:
             continue
         rank = str(parsed.dp_rank or 0)
         matched = by_rank.get((info.cgroup.pod_uid or "", rank), ())

@@ -31,7 +31,7 @@ class ProcessInfo:
     ppid: int | None
     # NSpid from /proc/<pid>/status: host PID first, innermost namespace PID last.
     nspid: tuple[int, ...]
-    # Process title: first word of argv[0] (vLLM and Ray rename their processes there).
+    # Process title: first word of argv[0] (engines and Ray rename their processes there).
     title: str
     cgroup: CgroupIdentity = NO_IDENTITY
     environ: Mapping[str, str] = field(default_factory=frozen_map)
@@ -56,7 +56,7 @@ SocketState = Literal["read", "unreadable", "timeout"]
 
 @dataclass(frozen=True)
 class ProcessSockets:
-    """The listening TCP sockets one vLLM API server holds (docs/design.md, identity
+    """The listening TCP sockets one engine API server holds (docs/design.md, identity
     rule 6): what ties a scrape target's port to that process."""
 
     state: SocketState
@@ -67,8 +67,8 @@ class ProcessSockets:
 @dataclass(frozen=True)
 class ProcSnapshot:
     processes: Mapping[int, ProcessInfo]
-    # vLLM API server PID -> its listening sockets. Only API servers (the nearest
-    # ancestor of a `VLLM::` process that is not one) are read; others are absent.
+    # Engine API server PID -> its listening sockets. Only API servers (the nearest
+    # ancestor of an engine-retitled process that is not one) are read; others are absent.
     sockets: Mapping[int, ProcessSockets] = field(default_factory=frozen_map)
 
 

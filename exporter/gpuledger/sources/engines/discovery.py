@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuledger.model.kubernetes import PodInfo
-from gpuledger.model.vllm import EngineTarget, Origin
+from gpuledger.model.engines import EngineTarget, Origin
 
 PORT_ANNOTATION = "gpuledger.io/vllm-port"
 PATH_ANNOTATION = "gpuledger.io/vllm-path"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger.model import frozen_map
-from gpuledger.model.vllm import EngineMetrics
+from gpuledger.model.engines import EngineMetrics
 
 # The only cache_config_info labels kept; every other label is dropped unread.
 CACHE_CONFIG_LABELS: tuple[str, ...] = ("num_gpu_blocks", "block_size")

@@ -1,9 +1,9 @@
 """vLLM source: scrape engines' `/metrics` and map the few series the ledger needs.
 
-:class:`VllmScraper` fetches many engines concurrently, each bounded in time and body
+:class:`EngineScraper` fetches many engines concurrently, each bounded in time and body
 size, and turns every failure into that engine's own ``up=False`` plus a reason from
 :data:`REASONS` (or ``http_<status>``). One bad engine never affects another, and
-:meth:`VllmScraper.scrape` does not raise. :class:`VllmSource` is the pipeline's source: it
+:meth:`EngineScraper.scrape` does not raise. :class:`EngineSource` is the pipeline's source: it
 finds targets (:mod:`gpuledger.sources.engines.discovery`) and scrapes them. Parsing lives in
 :mod:`gpuledger.sources.engines.exposition`.
 
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from gpuledger.identity.urls import safe_url
 from gpuledger.model import Snapshots
 from gpuledger.model.kubernetes import PODS
-from gpuledger.model.vllm import VLLM, EngineMetrics, EngineScrape, EngineTarget, VllmSnapshot
+from gpuledger.model.engines import ENGINES, EngineMetrics, EngineScrape, EngineTarget, EnginesSnapshot
 from gpuledger.net.httpclient import HttpClient, HttpError
 from gpuledger.sources.base import Source
 from gpuledger.sources.engines.discovery import discover_targets
@@ -61,7 +61,7 @@ class _ScrapeFailed(Exception):
         self.message = message
 
 
-class VllmScraper:
+class EngineScraper:
     """Scrapes vLLM engines concurrently, each bounded in time and body size.
 
     One `fetch` has one deadline, `timeout_seconds` from its start, shared by all its
@@ -90,16 +90,16 @@ class VllmScraper:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def scrape(self, targets: Sequence[EngineTarget]) -> VllmSnapshot:
+    def scrape(self, targets: Sequence[EngineTarget]) -> EnginesSnapshot:
         """Every target's scrape, in order; never raises, returns by the deadline."""
         if not targets:
-            return VllmSnapshot()
+            return EnginesSnapshot()
         started = time.monotonic()
         deadline = started + self.timeout_seconds
         executor = self._pool()
         futures = [executor.submit(self.scrape_one, t, deadline) for t in targets]
         done, _ = concurrent.futures.wait(futures, timeout=self.timeout_seconds + 0.5)
-        return VllmSnapshot(
+        return EnginesSnapshot(
             tuple(
                 f.result() if f in done else self._failed(t, started, "timeout", self._late())
                 for f, t in zip(futures, targets, strict=True)
@@ -127,7 +127,7 @@ class VllmScraper:
             return self._failed(target, started, "internal_error", type(exc).__name__)
         return EngineScrape(target, True, None, None, engines, time.monotonic() - started)
 
-    def __enter__(self) -> VllmScraper:
+    def __enter__(self) -> EngineScraper:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -248,26 +248,26 @@ class _Body:
                 self.error = str(exc)
 
 
-class VllmSource(Source[VllmSnapshot]):
+class EngineSource(Source[EnginesSnapshot]):
     """The engines of this node: annotated pods (when the pod list is known) and static
     targets, each scraped on its own."""
 
-    key = VLLM
+    key = ENGINES
     needs = (PODS,)
 
     def __init__(
-        self, scraper: VllmScraper, static_targets: Sequence[str], discovery: bool
+        self, scraper: EngineScraper, static_targets: Sequence[str], discovery: bool
     ) -> None:
         self.scraper = scraper
         self.static_targets = tuple(static_targets)
         self.discovery = discovery
 
-    def fetch(self, inputs: Snapshots) -> VllmSnapshot:
+    def fetch(self, inputs: Snapshots) -> EnginesSnapshot:
         pods = inputs.get(PODS)
         discovered = pods.pods if pods is not None and self.discovery else ()
         return self.scraper.scrape(discover_targets(discovered, self.static_targets))
 
-    def item_errors(self, snapshot: VllmSnapshot) -> Iterable[str]:
+    def item_errors(self, snapshot: EnginesSnapshot) -> Iterable[str]:
         # One engine failing is not the source failing, but its reason counts.
         return (
             s.error_reason or "unknown"

@@ -1,4 +1,4 @@
-"""The listening TCP sockets of vLLM API servers, read from procfs under a deadline.
+"""The listening TCP sockets of engines' API servers, read from procfs under a deadline.
 
 What ties a scrape target to its own API server (docs/design.md, identity rule 6): the
 target's port is a LISTEN socket in the server's network namespace, and the server holds
@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 
+from gpuledger.engines import is_engine_title
 from gpuledger.identity.processes import ancestors
 from gpuledger.identity.sockets import line_state, lists_listeners, parse_link, parse_listener
 from gpuledger.model.procfs import ListenSocket, ProcessInfo, ProcessSockets
@@ -27,7 +28,6 @@ MAX_FDS = 4096
 MAX_TABLE_LINES = 8192
 _CHUNK = 64 * 1024
 _TABLES = ("tcp", "tcp6")
-_VLLM = "VLLM::"
 
 
 class _Timeout(Exception):
@@ -35,13 +35,13 @@ class _Timeout(Exception):
 
 
 def api_servers(procs: Mapping[int, ProcessInfo]) -> set[int]:
-    """The nearest ancestor of each `VLLM::` process that is not one itself: the vLLM
-    API servers, the only processes whose sockets are read."""
+    """The nearest ancestor of each engine-retitled process that is not one itself: the
+    engines' API servers, the only processes whose sockets are read."""
     found: set[int] = set()
     for info in procs.values():
-        if not info.title.startswith(_VLLM):
+        if not is_engine_title(info.title):
             continue
-        server = next((p for p in ancestors(info, procs) if not p.title.startswith(_VLLM)), None)
+        server = next((p for p in ancestors(info, procs) if not is_engine_title(p.title)), None)
         if server is not None:
             found.add(server.pid)
     return found

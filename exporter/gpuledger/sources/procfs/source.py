@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpuledger.engines import KINDS, flag_whitelist, is_engine_title
 from gpuledger.identity.cgroup import NO_IDENTITY, parse_cgroup_file
 from gpuledger.model import Snapshots, frozen_map
 from gpuledger.model.nvml import NVML
@@ -26,34 +27,15 @@ from gpuledger.sources.procfs.sockets import api_servers, read_sockets
 log = logging.getLogger(__name__)
 
 
-# Identity rule 5: the only environment variables ever read. Documented in docs/security.md.
+# Identity rule 5: the only environment variables ever read (each engine kind adds its
+# own, gpuledger.engines). Documented in docs/security.md.
 ALLOWED_ENV = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "VLLM_DP_RANK",
-        "VLLM_DP_RANK_LOCAL",
-        "VLLM_DP_SIZE",
-    }
-)
+    {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"}
+).union(*(kind.env for kind in KINDS))
 
-# Identity rule 6: the only command-line flags ever read (vLLM engine configuration).
-# Short aliases map to the long name.
-ALLOWED_FLAGS: dict[str, str] = {
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
-    "--pipeline-parallel-size": "pipeline_parallel_size",
-    "-pp": "pipeline_parallel_size",
-    "--data-parallel-size": "data_parallel_size",
-    "-dp": "data_parallel_size",
-    "--max-num-seqs": "max_num_seqs",
-    "--max-num-batched-tokens": "max_num_batched_tokens",
-    "--gpu-memory-utilization": "gpu_memory_utilization",
-    "--served-model-name": "served_model_name",
-    # `ray`: the engine's workers are Ray actors on any node (ledger/rayengines.py).
-    "--distributed-executor-backend": "distributed_executor_backend",
-}
+# Identity rule 6: the only command-line flags ever read (engine configuration, from
+# each engine kind). Short aliases map to the long name.
+ALLOWED_FLAGS: dict[str, str] = flag_whitelist()
 
 MAX_ANCESTRY = 64
 _SMALL_FILE = 64 * 1024
@@ -108,14 +90,14 @@ def parse_status(text: str) -> tuple[int | None, tuple[int, ...]]:
 
 
 def parse_title(cmdline: bytes) -> str:
-    """argv[0]'s first word: the title vLLM (`VLLM::EngineCore`) and Ray set.
+    """argv[0]'s first word: the title engines (gpuledger.engines) and Ray set.
 
     Only the first word: setproctitle-style titles may be a whole command line in one
     string, and anything after the first word could be an argument.
     """
     first = cmdline.split(b"\0", 1)[0].decode(errors="replace").strip()
     word = first.split(maxsplit=1)[0] if first else ""
-    if "/" in word and not word.startswith("VLLM::"):
+    if "/" in word and not is_engine_title(word):
         word = word.rsplit("/", 1)[1]
     return word[:_TITLE_LIMIT]
 

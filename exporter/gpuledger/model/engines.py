@@ -1,4 +1,4 @@
-"""vLLM's view: scrape targets, and what each engine reported in one cycle."""
+"""The engines' view: scrape targets, and what each engine reported in one cycle."""
 
 from __future__ import annotations
 
@@ -33,18 +33,18 @@ def endpoint_of(url: str) -> str:
 
 @dataclass(frozen=True)
 class EngineMetrics:
-    """What one vLLM engine (one data-parallel rank of one served model) reports."""
+    """What one engine (one data-parallel rank of one served model) reports."""
 
     model_name: str
     # Data-parallel rank, the `engine` label; engines that predate it are "0".
     engine: str
     requests_running: float | None = None
     requests_waiting: float | None = None
-    # From vllm:num_requests_waiting_by_reason (0.20+): capacity / deferred; empty before.
+    # By the engine's own reason (vLLM 0.20+: capacity / deferred); empty without one.
     waiting_by_reason: Mapping[str, float] = field(default_factory=frozen_map)
     kv_cache_usage_ratio: float | None = None
     preemptions_total: float | None = None
-    # Only CACHE_CONFIG_LABELS, as strings exactly as exposed.
+    # Only the kind's cache_config_labels, as strings exactly as exposed.
     cache_config: Mapping[str, str] = field(default_factory=frozen_map)
 
 
@@ -58,6 +58,8 @@ class EngineTarget:
     pod_uid: str = ""
     workload: str = ""
     origin: Origin = "static"
+    # The engine kind its annotation names; "" until its body says (static, prometheus.io).
+    kind: str = ""
 
     @property
     def endpoint(self) -> str:
@@ -74,14 +76,23 @@ class EngineScrape:
     error_message: str | None
     engines: tuple[EngineMetrics, ...]
     duration_seconds: float
+    # The kind that answered (or the target's, when it did not); "" when unknown.
+    kind: str = ""
+
+
+# EngineScrape.error_reason of a prometheus.io candidate whose body shows no engine
+# kind's series: dropped, not reported. The value predates other kinds and is kept, as
+# users' queries on the source error reasons may name it.
+NOT_AN_ENGINE = "not_vllm"
 
 
 @dataclass(frozen=True)
-class VllmSnapshot:
+class EnginesSnapshot:
     """One scrape per target, in the order the targets were given."""
 
     scrapes: tuple[EngineScrape, ...] = ()
 
 
-# This source's snapshot in a cycle's Snapshots.
-VLLM: Key[VllmSnapshot] = Key("vllm")
+# This source's snapshot in a cycle's Snapshots. "vllm" is the `source` label value
+# users see (gpuledger_source_up{source="vllm"}), kept from before other kinds.
+ENGINES: Key[EnginesSnapshot] = Key("vllm")
