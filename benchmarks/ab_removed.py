@@ -86,7 +86,7 @@ def run(scale: int, cycles: int) -> dict[str, float]:
     assert child.stdin is not None and child.stdout is not None
     info = json.loads(child.stdout.readline())
     os.environ[STATE_ENV] = info["state"]
-    pipeline = Pipeline(PipelineConfig(kubernetes=True, vllm_discovery=True, **info["config"]))
+    pipeline = Pipeline(PipelineConfig(kubernetes=True, engine_discovery=True, **info["config"]))
     exporter = Exporter(pipeline.cycle, 10.0)
     try:
         pipeline.warm_up(30)

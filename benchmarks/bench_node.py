@@ -253,7 +253,7 @@ def measure_cycles(
 def run(scale: int, cycles: int, scrapes_wanted: int) -> dict[str, Any]:
     fields = ("node", "proc_root", "nvml_library", "podresources_socket", "kubeconfig")
     with simulated_node("dense_node", str(scale), "dense.yaml", (*fields, "ray_address")) as cfg:
-        config = PipelineConfig(kubernetes=True, vllm_discovery=True, **cfg)
+        config = PipelineConfig(kubernetes=True, engine_discovery=True, **cfg)
         rss_before = rss()
         pipeline, exporter = warm_exporter(config)
         session = requests.Session()

@@ -215,7 +215,7 @@ def measure(case: str, url: str, cycles: int) -> dict[str, Any]:
         source: Any = RayClusterSource(_ray_client(config), "", "ray")
     else:
         # As node_sources builds it at the default deadline (5 s).
-        scraper = EngineScraper(timeout_seconds=2.5, max_body_bytes=config.vllm_max_body_bytes)
+        scraper = EngineScraper(timeout_seconds=2.5, max_body_bytes=config.engine_max_body_bytes)
         targets = [f"{url}/metrics?engine={i}" for i in range(ENGINES)]
         source = EngineSource(scraper, targets, discovery=False)
     pipeline = Pipeline(config, sources=[source])

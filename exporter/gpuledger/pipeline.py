@@ -21,11 +21,11 @@ from gpuledger.export.collector import dropped_series
 from gpuledger.export.published import Published
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Key, Snapshots, SourceStatus
+from gpuledger.model.engines import ENGINES
 from gpuledger.model.kubernetes import PODS
 from gpuledger.model.podresources import PODRESOURCES
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL
 from gpuledger.model.serve import SERVE
-from gpuledger.model.engines import ENGINES
 from gpuledger.sources.base import DISABLED, NotConfigured, Source, SourceRunner, Started
 from gpuledger.sources.engines.source import EngineScraper, EngineSource
 from gpuledger.sources.kubernetes.pods import PodInformer
@@ -52,10 +52,10 @@ class PipelineConfig:
     pending_all_pods: bool = False
     kubernetes: bool = False
     kubeconfig: str | None = None
-    vllm_targets: tuple[str, ...] = ()
-    vllm_discovery: bool = True
-    vllm_timeout_seconds: float = 3.0
-    vllm_max_body_bytes: int = 8 * 1024 * 1024
+    engine_targets: tuple[str, ...] = ()
+    engine_discovery: bool = True
+    engine_timeout_seconds: float = 3.0
+    engine_max_body_bytes: int = 8 * 1024 * 1024
     ray_address: str | None = None
     ray_token: str | None = field(default=None, repr=False)  # never printed
     # Cluster mode: the (namespace, workload) Ray's pending work is attributed to.
@@ -87,13 +87,13 @@ def node_sources(config: PipelineConfig) -> list[Source[Any]]:
         else NotConfigured(PODS),
         EngineSource(
             EngineScraper(
-                timeout_seconds=min(config.vllm_timeout_seconds, deadline / 2),
-                max_body_bytes=config.vllm_max_body_bytes,
+                timeout_seconds=min(config.engine_timeout_seconds, deadline / 2),
+                max_body_bytes=config.engine_max_body_bytes,
             ),
-            config.vllm_targets,
-            discovery=config.vllm_discovery,
+            config.engine_targets,
+            discovery=config.engine_discovery,
         )
-        if config.vllm_targets or (config.vllm_discovery and config.kubernetes)
+        if config.engine_targets or (config.engine_discovery and config.kubernetes)
         else NotConfigured(ENGINES),
         RayLocalSource(_ray_client(config)) if config.ray_address else NotConfigured(RAY_LOCAL),
         _serve_source(config) if config.ray_address else NotConfigured(SERVE),

@@ -151,7 +151,7 @@ def captured(tmp_path: Path) -> Iterator[Captured]:
                 node="capture-host",
                 proc_root=str(proc_root),
                 nvml_library=str(build_fake_nvml()),
-                vllm_targets=(metrics.url,),
+                engine_targets=(metrics.url,),
                 ray_address=dashboard.url,
             )
         )

@@ -143,7 +143,7 @@ class Agent:
                 node="ray-host",
                 proc_root="/proc",
                 nvml_library=str(build_fake_nvml()),
-                vllm_targets=(self.vllm.url,),
+                engine_targets=(self.vllm.url,),
                 ray_address=head.url,
             )
         )

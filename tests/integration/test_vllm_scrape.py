@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpuledger.model.engines import EngineScrape, EngineTarget, EnginesSnapshot
+from gpuledger.model.engines import EngineScrape, EnginesSnapshot, EngineTarget
 from gpuledger.sim.fake_vllm import FAULTS, FakeEngine, FakeVllmServer, Fault
 from gpuledger.sources.engines.source import EngineScraper
 

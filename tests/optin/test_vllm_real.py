@@ -43,7 +43,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuledger.ledger.engines import EngineProcess, group_engine_processes, parse_engine_title
+from gpuledger.engines import EngineProcess, parse_engine_title
+from gpuledger.engines.vllm import VLLM
+from gpuledger.ledger.engines import group_engine_processes
 from gpuledger.model.engines import EngineMetrics
 from gpuledger.sources.engines.exposition import parse_exposition
 from gpuledger.sources.procfs.source import ProcfsSource, parse_title
@@ -246,7 +248,9 @@ class Server:
         return response.text
 
     def engines(self) -> dict[str, EngineMetrics]:
-        return {e.engine: e for e in parse_exposition(self.metrics()) if e.model_name == MODEL}
+        return {
+            e.engine: e for e in parse_exposition(self.metrics(), VLLM) if e.model_name == MODEL
+        }
 
     def version(self) -> str:
         return str(requests.get(f"{self.base}/version", timeout=10).json().get("version", ""))
@@ -476,7 +480,7 @@ def _run_pipeline(
             node="local",
             proc_root="/proc",
             nvml_library=str(build_fake_nvml()),
-            vllm_targets=(server.metrics_url, *(a.metrics_url for a in also)),
+            engine_targets=(server.metrics_url, *(a.metrics_url for a in also)),
         )
     )
     exporter = Exporter(pipeline.cycle, interval_seconds=1.0)
@@ -599,7 +603,7 @@ class TestSingleEngine:
             "an idle engine 0",
         )
         text = engine.metrics()
-        assert [(e.model_name, e.engine) for e in parse_exposition(text)] == [(MODEL, "0")]
+        assert [(e.model_name, e.engine) for e in parse_exposition(text, VLLM)] == [(MODEL, "0")]
         assert set(got.waiting_by_reason) == {"capacity", "deferred"}
         assert got.kv_cache_usage_ratio is not None and 0 <= got.kv_cache_usage_ratio <= 1
         assert got.preemptions_total == 0
@@ -808,7 +812,7 @@ class TestSingleEngine:
                 node="local",
                 proc_root="/proc",
                 nvml_library="/nonexistent",
-                vllm_targets=(engine.metrics_url,),
+                engine_targets=(engine.metrics_url,),
             )
         )
         exporter = Exporter(pipeline.cycle, interval_seconds=1.0)

@@ -312,7 +312,8 @@ nvml = NvmlSnapshot("550", (Gpu(0, gpu, "H100", "00000000:18:00.0", True,
                                 memory_total_bytes=2**36, processes=(GpuProcess(100, 2**30),)),))
 scrape = EngineScrape(EngineTarget("http://10.0.0.1:8000/metrics", pod_uid=uid), False,
                       "refused", "refused", (), 0.0)
-bundle = Snapshots({NVML: nvml, PROCESSES: ProcSnapshot(procs), ENGINES: EnginesSnapshot((scrape,))})
+bundle = Snapshots({NVML: nvml, PROCESSES: ProcSnapshot(procs),
+                    ENGINES: EnginesSnapshot((scrape,))})
 build_ledger(bundle, node="n1", mode="node", taken_at=0.0)
 print("joined")
 """

@@ -33,9 +33,9 @@ from gpuledger.ledger.ray import (
     placement_group_counts,
 )
 from gpuledger.model import Snapshots, SourceStatus
+from gpuledger.model.engines import EngineTarget
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
 from gpuledger.model.procfs import PROCESSES
-from gpuledger.model.engines import EngineTarget
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_pod, pod_scheduled_false
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sim.fake_nvml import (

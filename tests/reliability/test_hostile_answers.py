@@ -186,11 +186,11 @@ def vllm_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     upstream: list[str] = []
 
     def third_through_proxy(config: PipelineConfig) -> PipelineConfig:
-        *others, bad = config.vllm_targets
+        *others, bad = config.engine_targets
         upstream.append(base_of(bad))
         proxy.behaviour = Relay(base_of(bad))
         return dataclasses.replace(
-            config, vllm_targets=(*others, proxy.url + bad.removeprefix(base_of(bad)))
+            config, engine_targets=(*others, proxy.url + bad.removeprefix(base_of(bad)))
         )
 
     node = Node(doc, tmp_path_factory.mktemp("vllm"), DEADLINE, adjust=third_through_proxy)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import gpuledger
-from gpuledger.model.engines import ENGINES
+from gpuledger.model.engines import ENGINES as ENGINES_KEY
 from gpuledger.pipeline import Pipeline, PipelineConfig, node_sources
 from tests.reliability.hostile import MIB, Answer, Behaviour, HostileServer, Stream, gzip_bomb
 
@@ -64,8 +64,8 @@ def pipeline_for(source: str, url: str) -> Pipeline:
     """The production pipeline of the mode that runs `source`, with only that source."""
     if source == "ray":
         return Pipeline(PipelineConfig(node="n", mode="cluster", ray_address=url))
-    config = PipelineConfig(node="n", vllm_targets=tuple(f"{url}/{i}" for i in range(ENGINES)))
-    return Pipeline(config, [s for s in node_sources(config) if s.key is ENGINES])
+    config = PipelineConfig(node="n", engine_targets=tuple(f"{url}/{i}" for i in range(ENGINES)))
+    return Pipeline(config, [s for s in node_sources(config) if s.key is ENGINES_KEY])
 
 
 @pytest.fixture(params=list(CASES), ids=list(CASES))

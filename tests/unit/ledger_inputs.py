@@ -16,12 +16,12 @@ from gpuledger.identity.cgroup import CgroupIdentity
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Snapshots
 from gpuledger.model.bundle import Key
+from gpuledger.model.engines import ENGINES, EngineMetrics, EngineScrape, EngineTarget
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
 from gpuledger.model.podresources import PODRESOURCES, DeviceAllocation, PodResourcesSnapshot
 from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
 from gpuledger.model.ray import RAY_LOCAL, LocalRayNode, RayActor, RayNode, RaySnapshot
-from gpuledger.model.engines import ENGINES, EngineMetrics, EngineScrape, EngineTarget
 
 NODE = "n1"
 Series = tuple[str, tuple[tuple[str, str], ...]]

@@ -17,8 +17,8 @@ from gpuledger.export.published import Published
 from gpuledger.ledger import caps
 from gpuledger.ledger.ray import RayActorGpus, RayActorMemory, RayNodeView, fold_actor_classes
 from gpuledger.model import Snapshots
+from gpuledger.model.engines import EnginesSnapshot, EngineTarget
 from gpuledger.model.ray import RAY_LOCAL, LocalRayNode, RayActor
-from gpuledger.model.engines import EngineTarget, EnginesSnapshot
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sources.base import Source
 from tests.conftest import REPO

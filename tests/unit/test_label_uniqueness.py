@@ -11,12 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Snapshots
 from gpuledger.model.bundle import Key
+from gpuledger.model.engines import ENGINES, EnginesSnapshot, EngineTarget, endpoint_of
 from gpuledger.model.kubernetes import PODS, PodInfo
 from gpuledger.model.nvml import NVML
 from gpuledger.model.podresources import PODRESOURCES
 from gpuledger.model.procfs import PROCESSES
 from gpuledger.model.ray import RAY_LOCAL
-from gpuledger.model.engines import ENGINES, EngineTarget, EnginesSnapshot, endpoint_of
 from gpuledger.sources.engines.discovery import discover_targets
 from tests.unit.ledger_inputs import (
     NODE,

@@ -24,8 +24,8 @@ from gpuledger.identity.rayjobs import (
     worker_ranks,
 )
 from gpuledger.ledger import caps
+from gpuledger.model.engines import EnginesSnapshot, EngineTarget
 from gpuledger.model.ray import LocalRayNode, RayActor, RayJob, RayNode, RaySnapshot
-from gpuledger.model.engines import EngineTarget, EnginesSnapshot
 from gpuledger.sim.fake_ray import placement_group_entry
 from gpuledger.sources.ray.state import parse_actor, parse_job, parse_node, parse_placement_group
 from tests.conftest import REPO

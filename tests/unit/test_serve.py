@@ -16,6 +16,13 @@ from gpuledger.export.document import ledger_document
 from gpuledger.export.published import Published
 from gpuledger.ledger import Ledger, build_ledger, caps
 from gpuledger.model import Snapshots
+from gpuledger.model.engines import (
+    ENGINES,
+    EngineMetrics,
+    EngineScrape,
+    EnginesSnapshot,
+    EngineTarget,
+)
 from gpuledger.model.kubernetes import PODS
 from gpuledger.model.procfs import PROCESSES
 from gpuledger.model.ray import RAY_LOCAL, LocalRayNode, RaySnapshot
@@ -28,7 +35,6 @@ from gpuledger.model.serve import (
     ServeRouterQueue,
     ServeSnapshot,
 )
-from gpuledger.model.engines import ENGINES, EngineMetrics, EngineScrape, EngineTarget, EnginesSnapshot
 from gpuledger.sources.engines.exposition import ExpositionError
 from gpuledger.sources.ray.serve import metrics_export_port, parse_applications
 from gpuledger.sources.ray.serve_metrics import MAX_SERIES, parse_serve_metrics

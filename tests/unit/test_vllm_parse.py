@@ -10,20 +10,32 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuledger.engines.vllm import METRICS, VLLM
 from gpuledger.model.engines import EngineMetrics
 from gpuledger.sim.fake_vllm import FakeEngine, render_exposition
 from gpuledger.sources.engines.exposition import (
-    CACHE_CONFIG_LABELS,
     MAX_ENGINES_PER_TARGET,
     MAX_LINE_CHARS,
     MAX_OTHER_LINE_CHARS,
     MAX_WANTED_CHARS,
     ExpositionError,
     ExpositionReader,
-    VllmLines,
-    looks_like_vllm,
+    MarkerLines,
+    looks_like,
     parse_exposition,
+    read_engines,
 )
+
+CACHE_CONFIG_LABELS = METRICS.cache_config_labels
+
+
+def looks_like_vllm_text(text: str) -> bool:
+    return looks_like(text, VLLM.markers)
+
+
+def vllm_reader() -> ExpositionReader:
+    return ExpositionReader(METRICS.wanted, METRICS.marker)
+
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "vllm-0.32-cpu"
@@ -43,7 +55,7 @@ def by_key(engines: tuple[EngineMetrics, ...]) -> dict[tuple[str, str], EngineMe
 
 
 def test_real_032_sample() -> None:
-    (engine,) = parse_exposition(fixture("0.32"))
+    (engine,) = parse_exposition(fixture("0.32"), VLLM)
     assert engine.model_name == "tiny"
     assert engine.engine == "0"
     # An idle engine after 54 completions: zeros, but present (not None).
@@ -78,7 +90,7 @@ def test_kv_usage_is_a_ratio_in_the_real_sample() -> None:
 
 
 def test_old_010_names() -> None:
-    (engine,) = parse_exposition(fixture("0.10"))
+    (engine,) = parse_exposition(fixture("0.10"), VLLM)
     assert engine == EngineMetrics(
         model_name="mistralai/Mistral-7B-Instruct-v0.3",
         engine="0",  # no engine label before data-parallel ranks were labelled
@@ -92,7 +104,7 @@ def test_old_010_names() -> None:
 
 
 def test_033_several_models_and_data_parallel_ranks() -> None:
-    engines = parse_exposition(fixture("0.33"))
+    engines = parse_exposition(fixture("0.33"), VLLM)
     # Sorted by model, then numeric rank; engine_healthy{engine} (no model_name, not a
     # value series) must not invent an engine.
     assert [(e.model_name, e.engine) for e in engines] == [
@@ -117,14 +129,14 @@ def test_033_several_models_and_data_parallel_ranks() -> None:
 def test_033_ambiguous_cache_config_is_dropped_not_guessed() -> None:
     # Two engine="0" cache_config_info lines (one per model, no model_name label) with
     # different block counts: neither model may get the other's config.
-    found = by_key(parse_exposition(fixture("0.33")))
+    found = by_key(parse_exposition(fixture("0.33"), VLLM))
     assert dict(found[(LLAMA, "0")].cache_config) == {}
     assert dict(found[(QWEN, "0")].cache_config) == {}
 
 
 @pytest.mark.parametrize("version", ["0.10", "0.32", "0.33"])
 def test_cache_config_keeps_only_whitelisted_labels(version: str) -> None:
-    for engine in parse_exposition(fixture(version)):
+    for engine in parse_exposition(fixture(version), VLLM):
         assert set(engine.cache_config) <= set(CACHE_CONFIG_LABELS)
 
 
@@ -159,8 +171,8 @@ vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100",kv_cache_
 
 
 def test_old_and_new_names_give_the_same_fields() -> None:
-    assert parse_exposition(OLD) == parse_exposition(NEW)
-    (engine,) = parse_exposition(NEW)
+    assert parse_exposition(OLD, VLLM) == parse_exposition(NEW, VLLM)
+    (engine,) = parse_exposition(NEW, VLLM)
     assert engine.engine == "0"
     assert engine.kv_cache_usage_ratio == 0.5
     assert dict(engine.cache_config) == {"num_gpu_blocks": "100", "block_size": "16"}
@@ -174,12 +186,12 @@ def test_renamed_kv_usage_wins_over_the_deprecated_one(new_first: bool) -> None:
         'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.75',
     ]
     text = "\n".join(lines if new_first else lines[::-1]) + "\n"
-    (engine,) = parse_exposition(text)
+    (engine,) = parse_exposition(text, VLLM)
     assert engine.kv_cache_usage_ratio == 0.25
 
 
 def test_untyped_preemptions_without_total_suffix() -> None:
-    (engine,) = parse_exposition('vllm:num_preemptions{engine="0",model_name="m"} 9\n')
+    (engine,) = parse_exposition('vllm:num_preemptions{engine="0",model_name="m"} 9\n', VLLM)
     assert engine.preemptions_total == 9.0
     assert engine.requests_running is None  # absent, not zero
 
@@ -188,7 +200,7 @@ def test_engines_sort_numerically_and_missing_series_are_none() -> None:
     text = "".join(
         f'vllm:num_requests_waiting{{engine="{r}",model_name="m"}} {r}\n' for r in (10, 2, 0)
     )
-    engines = parse_exposition(text)
+    engines = parse_exposition(text, VLLM)
     assert [e.engine for e in engines] == ["0", "2", "10"]
     assert engines[2].requests_waiting == 10.0
     assert engines[2].kv_cache_usage_ratio is None
@@ -201,7 +213,7 @@ def test_non_finite_values_are_unknown() -> None:
         'vllm:num_requests_running{engine="0",model_name="m"} +Inf\n'
         'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} NaN\n'
     )
-    (engine,) = parse_exposition(text)
+    (engine,) = parse_exposition(text, VLLM)
     assert engine.kv_cache_usage_ratio is None
     assert engine.requests_running is None
     assert dict(engine.waiting_by_reason) == {}
@@ -213,26 +225,26 @@ def test_cache_config_never_keeps_other_labels() -> None:
         'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="9",'
         'secret_path="/home/me/.cache",api_key="sk-do-not-keep"} 1\n'
     )
-    (engine,) = parse_exposition(text)
+    (engine,) = parse_exposition(text, VLLM)
     assert dict(engine.cache_config) == {"num_gpu_blocks": "9", "block_size": "16"}
 
 
 def test_cache_config_alone_makes_no_engine() -> None:
-    assert parse_exposition('vllm:cache_config_info{block_size="16"} 1\n') == ()
+    assert parse_exposition('vllm:cache_config_info{block_size="16"} 1\n', VLLM) == ()
 
 
 def test_no_vllm_series_is_an_empty_result_not_an_error() -> None:
     text = "# TYPE up gauge\nup 1\n"
-    assert parse_exposition(text) == ()
-    assert parse_exposition("") == ()
-    assert not looks_like_vllm(text)
+    assert parse_exposition(text, VLLM) == ()
+    assert parse_exposition("", VLLM) == ()
+    assert not looks_like_vllm_text(text)
 
 
-def test_looks_like_vllm() -> None:
-    assert looks_like_vllm(fixture("0.32"))
-    assert looks_like_vllm(fixture("0.10"))
-    assert not looks_like_vllm("# HELP vllm:x only a comment\nup 1\n")
-    assert not looks_like_vllm("\x00\xff garbage")
+def test_looks_like_vllm_text() -> None:
+    assert looks_like_vllm_text(fixture("0.32"))
+    assert looks_like_vllm_text(fixture("0.10"))
+    assert not looks_like_vllm_text("# HELP vllm:x only a comment\nup 1\n")
+    assert not looks_like_vllm_text("\x00\xff garbage")
 
 
 def test_too_many_engines_is_rejected() -> None:
@@ -241,7 +253,7 @@ def test_too_many_engines_is_rejected() -> None:
         for r in range(MAX_ENGINES_PER_TARGET + 1)
     )
     with pytest.raises(ExpositionError):
-        parse_exposition(text)
+        parse_exposition(text, VLLM)
 
 
 def test_waiting_reasons_are_bounded() -> None:
@@ -249,7 +261,7 @@ def test_waiting_reasons_are_bounded() -> None:
         f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="m",reason="r{i}"}} 1\n'
         for i in range(100)
     )
-    (engine,) = parse_exposition(text)
+    (engine,) = parse_exposition(text, VLLM)
     assert 0 < len(engine.waiting_by_reason) <= 16
 
 
@@ -269,7 +281,7 @@ SECRET = "sk-live-0123456789abcdef"
 )
 def test_garbage_raises_exposition_error_without_quoting(text: str) -> None:
     with pytest.raises(ExpositionError) as info:
-        parse_exposition(text)
+        parse_exposition(text, VLLM)
     assert SECRET not in str(info.value)
     assert info.value.__cause__ is None
 
@@ -278,12 +290,12 @@ def test_real_sample_truncated_mid_line_is_garbage() -> None:
     text = fixture("0.32")
     cut = text.index("vllm:kv_cache_usage_perc{engine") + 30
     with pytest.raises(ExpositionError):
-        parse_exposition(text[:cut])
+        parse_exposition(text[:cut], VLLM)
 
 
 def _outcome(text: str) -> None:
     try:
-        result = parse_exposition(text)
+        result = parse_exposition(text, VLLM)
     except ExpositionError:
         return
     assert isinstance(result, tuple)
@@ -297,7 +309,7 @@ def _outcome(text: str) -> None:
 @given(st.text())
 def test_fuzz_arbitrary_text_only_raises_exposition_error(text: str) -> None:
     _outcome(text)
-    looks_like_vllm(text)
+    looks_like_vllm_text(text)
 
 
 SAMPLE_LINES = fixture("0.32").splitlines()
@@ -348,7 +360,7 @@ def test_rendered_exposition_round_trips() -> None:
             LLAMA, 1, running=12, waiting=0, kv_cache_usage=0.1, num_gpu_blocks=30000, block_size=16
         ),
     ]
-    parsed = by_key(parse_exposition(render_exposition(engines)))
+    parsed = by_key(parse_exposition(render_exposition(engines), VLLM))
     first = parsed[(LLAMA, "0")]
     assert (first.requests_running, first.requests_waiting) == (256.0, 40.0)
     assert dict(first.waiting_by_reason) == {"capacity": 30.0, "deferred": 10.0}
@@ -378,8 +390,8 @@ def test_old_and_new_rendered_styles_agree() -> None:
         block_size=32,
         style="0.10",
     )
-    (from_new,) = parse_exposition(render_exposition([new]))
-    (from_old,) = parse_exposition(render_exposition([old]))
+    (from_new,) = parse_exposition(render_exposition([new]), VLLM)
+    (from_old,) = parse_exposition(render_exposition([old]), VLLM)
     assert dict(from_new.waiting_by_reason) == {"capacity": 5.0, "deferred": 0.0}
     assert dict(from_old.waiting_by_reason) == {}
     assert from_old == EngineMetrics(**{**from_new.__dict__, "waiting_by_reason": {}})
@@ -414,7 +426,7 @@ def test_round_trip_property(
         kv_cache_usage=kv,
         preemptions_total=preempted,
     )
-    (parsed,) = parse_exposition(render_exposition([engine]))
+    (parsed,) = parse_exposition(render_exposition([engine]), VLLM)
     assert (parsed.model_name, parsed.engine) == (model, str(rank))
     assert parsed.requests_running == running
     assert parsed.requests_waiting == waiting
@@ -425,7 +437,7 @@ def test_round_trip_property(
 def test_idle_engine_with_declared_but_unsampled_gauges_reads_zero() -> None:
     # Real capture: data parallel 2 behind two API servers, before the first request.
     text = (FIXTURES / "vllm-0.32-cpu-dp2-idle.txt").read_text()
-    engines = {e.engine: e for e in parse_exposition(text)}
+    engines = {e.engine: e for e in parse_exposition(text, VLLM)}
     assert set(engines) == {"0", "1"}
     for engine in engines.values():
         assert engine.model_name == "tiny"
@@ -440,10 +452,10 @@ def test_idle_engine_with_declared_but_unsampled_gauges_reads_zero() -> None:
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("vllm-*.txt")), ids=lambda p: p.name)
 def test_line_endings_and_indentation_do_not_change_the_result(path: Path) -> None:
     text = path.read_text()
-    engines = parse_exposition(text)
+    engines = parse_exposition(text, VLLM)
     assert engines  # every real sample holds engines
-    assert parse_exposition(text.replace("\n", "\r\n")) == engines
-    assert parse_exposition("".join(f"  {line}\n" for line in text.splitlines())) == engines
+    assert parse_exposition(text.replace("\n", "\r\n"), VLLM) == engines
+    assert parse_exposition("".join(f"  {line}\n" for line in text.splitlines()), VLLM) == engines
 
 
 @pytest.mark.parametrize(
@@ -461,22 +473,22 @@ def test_line_endings_and_indentation_do_not_change_the_result(path: Path) -> No
     ],
 )
 def test_preemption_counters_in_every_spelling(text: str, preemptions: float) -> None:
-    (engine,) = parse_exposition(text)
+    (engine,) = parse_exposition(text, VLLM)
     assert engine.preemptions_total == preemptions
 
 
 def test_escaped_label_values_are_unescaped() -> None:
     text = 'vllm:num_requests_running{model_name="a\\\\\\"b\\n\\t}",engine="0",} 1\n'
-    (engine,) = parse_exposition(text)
+    (engine,) = parse_exposition(text, VLLM)
     assert engine.model_name == 'a\\"b\n\\t}'
 
 
 def test_inputs_that_once_crashed_are_parsed_or_refused_cleanly() -> None:
     """Both raised a bare ValueError/IndexError (reported as internal_error) once."""
     text = 'vllm:num_requests_running{engine="²"} 1\nvllm:num_requests_running{engine="2"} 3\n'
-    assert [e.engine for e in parse_exposition(text)] == ["2", "²"]  # numeric ranks first
+    assert [e.engine for e in parse_exposition(text, VLLM)] == ["2", "²"]  # numeric ranks first
     with pytest.raises(ExpositionError):  # a TYPE line cut at U+0085: garbage, said so
-        parse_exposition("vllm:num_requests_running 1\x85# TYPE \n")
+        parse_exposition("vllm:num_requests_running 1\x85# TYPE \n", VLLM)
 
 
 @pytest.mark.parametrize(
@@ -493,7 +505,7 @@ def test_inputs_that_once_crashed_are_parsed_or_refused_cleanly() -> None:
 )
 def test_malformed_wanted_lines_are_exposition_errors(text: str) -> None:
     with pytest.raises(ExpositionError, match="not a Prometheus text exposition"):
-        parse_exposition(text)
+        parse_exposition(text, VLLM)
 
 
 MEGABYTE = 1 << 20
@@ -515,8 +527,8 @@ def test_megabyte_lines_are_refused(line: str) -> None:
     # A wanted line this long never reaches prometheus_client, whose label parser slows
     # down more than linearly on such lines (benchmarks/bench_parse.py measures it).
     with pytest.raises(ExpositionError):
-        parse_exposition(line + "\n")
-    assert looks_like_vllm(line) == line.startswith("vllm:")
+        parse_exposition(line + "\n", VLLM)
+    assert looks_like_vllm_text(line) == line.startswith("vllm:")
 
 
 LONGEST_OTHER = MAX_OTHER_LINE_CHARS
@@ -529,24 +541,24 @@ LONGEST_OTHER = MAX_OTHER_LINE_CHARS
 )
 def test_long_lines_of_other_families_are_only_shape_checked(line: str) -> None:
     assert len(line) <= MAX_OTHER_LINE_CHARS
-    assert parse_exposition(line + "\n") == ()
+    assert parse_exposition(line + "\n", VLLM) == ()
     # Past the bound a line is refused: it is held whole until it ends (sources/engines/source.py
     # reads bodies piece by piece), and no real exposition has one.
     with pytest.raises(ExpositionError, match="line over"):
-        parse_exposition(line + "x" * (MAX_OTHER_LINE_CHARS - len(line) + 1) + "\n")
+        parse_exposition(line + "x" * (MAX_OTHER_LINE_CHARS - len(line) + 1) + "\n", VLLM)
 
 
 def test_wanted_lines_are_bounded_in_length_and_in_all() -> None:
     label = 'vllm:num_requests_running{{engine="0",model_name="{}"}} 1\n'
     longest = label.format("m" * (MAX_LINE_CHARS - len(label.format(""))))
-    assert parse_exposition(longest)
+    assert parse_exposition(longest, VLLM)
     with pytest.raises(ExpositionError, match="longer than"):
-        parse_exposition(label.format("m" * MAX_LINE_CHARS))
+        parse_exposition(label.format("m" * MAX_LINE_CHARS), VLLM)
     many = label.format("m" * 1000) * (MAX_WANTED_CHARS // 1000)
     with pytest.raises(ExpositionError, match="longer than"):
-        parse_exposition(many)
+        parse_exposition(many, VLLM)
     # Other families' lines do not count: a large exposition of other series is fine.
-    assert parse_exposition(longest + "other_series 1\n" * (MAX_WANTED_CHARS // 10))
+    assert parse_exposition(longest + "other_series 1\n" * (MAX_WANTED_CHARS // 10), VLLM)
 
 
 # ------------------------------------------------------------ read piece by piece
@@ -558,18 +570,18 @@ def _pieces(text: str, cuts: list[int]) -> list[str]:
 
 
 def _read(pieces: list[str]) -> tuple[EngineMetrics, ...] | str:
-    reader = ExpositionReader()
+    reader = vllm_reader()
     try:
         for piece in pieces:
             reader.feed(piece)
-        return reader.engines()
+        return read_engines(reader.relevant(), METRICS)
     except ExpositionError:
         return "error"
 
 
 def _whole(text: str) -> tuple[EngineMetrics, ...] | str:
     try:
-        return parse_exposition(text)
+        return parse_exposition(text, VLLM)
     except ExpositionError:
         return "error"
 
@@ -585,23 +597,23 @@ PIECE_TEXT = st.one_of(
 def test_a_text_read_in_pieces_reads_as_the_whole(text: str, cuts: list[int]) -> None:
     pieces = _pieces(text, cuts)
     assert _read(pieces) == _whole(text)
-    watch = VllmLines()
+    watch = MarkerLines(VLLM.markers)
     for piece in pieces:
         watch.feed(piece)
-    assert watch.seen == looks_like_vllm(text)
+    assert watch.seen == looks_like_vllm_text(text)
 
 
 def test_the_real_sample_read_a_byte_at_a_time() -> None:
     text = fixture("0.32")
-    assert _read(list(text)) == parse_exposition(text)
-    watch = VllmLines()
+    assert _read(list(text)) == parse_exposition(text, VLLM)
+    watch = MarkerLines(VLLM.markers)
     for char in text:
         watch.feed(char)
     assert watch.seen
 
 
 def test_a_line_is_refused_while_it_is_still_arriving() -> None:
-    reader = ExpositionReader()
+    reader = vllm_reader()
     reader.feed("a" * MAX_OTHER_LINE_CHARS)
     with pytest.raises(ExpositionError, match="line over"):
         reader.feed("a")
@@ -621,4 +633,4 @@ def test_the_fast_path_accepts_only_lines_the_line_check_passes(lines: list[str]
     if _OTHER_LINES.fullmatch(block) is None:
         return
     for line in lines:
-        assert _keep_line(line) is False  # neither kept nor refused
+        assert _keep_line(line, METRICS.wanted) is False  # neither kept nor refused

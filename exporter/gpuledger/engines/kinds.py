@@ -63,7 +63,9 @@ class ExpositionNames:
     @property
     def value_series(self) -> frozenset[str]:
         by_reason = (self.waiting_by_reason,) if self.waiting_by_reason else ()
-        return frozenset({self.running, self.waiting, *by_reason, *self.kv_usage, *self.preemptions})
+        return frozenset(
+            {self.running, self.waiting, *by_reason, *self.kv_usage, *self.preemptions}
+        )
 
     @property
     def wanted(self) -> tuple[str, ...]:

@@ -123,7 +123,9 @@ def _ranked(items: Sequence[tuple[EngineProcess, int]]) -> Mapping[int, tuple[En
     return frozen_map({r: tuple(sorted(p, key=lambda x: x.pid)) for r, p in by_rank.items()})
 
 
-def _server_flags(info: ProcessInfo, mine: Sequence[tuple[EngineProcess, int]]) -> Mapping[str, str]:
+def _server_flags(
+    info: ProcessInfo, mine: Sequence[tuple[EngineProcess, int]]
+) -> Mapping[str, str]:
     """The API server's whitelisted flags over the defaults of its processes' kind."""
     kind = BY_NAME.get(mine[0][0].kind) if mine else None
     return frozen_map({**(kind.flag_defaults if kind is not None else {}), **info.flags})
@@ -225,6 +227,7 @@ def build_engines(
     gpu_by_pid: Mapping[int, Sequence[str]],
     known: Mapping[str, Sequence[tuple[str, str]]],
     sockets: Mapping[int, ProcessSockets] | None = None,
+    *,
     known_kinds: Mapping[str, str] | None = None,
 ) -> tuple[Engine, ...]:
     """Engines from this cycle's scrapes.
@@ -242,7 +245,7 @@ def build_engines(
         if not scrape.up and scrape.error_reason == NOT_AN_ENGINE:
             continue  # only a candidate (prometheus.io annotation), not an engine
         kind = scrape.kind or (known_kinds or {}).get(safe_url(scrape.target.url), "")
-        engines.extend(_engines_of(scrape, kind, groups, gpu_by_pid, known, sockets or {}))
+        engines.extend(_engines_of(scrape, groups, gpu_by_pid, known, sockets or {}, kind=kind))
     return tuple(engines)
 
 
@@ -286,11 +289,12 @@ def cap_engines(
 
 def _engines_of(
     scrape: EngineScrape,
-    kind: str,
     groups: Mapping[str, _ProcessGroup],
     gpu_by_pid: Mapping[int, Sequence[str]],
     known: Mapping[str, Sequence[tuple[str, str]]],
     sockets: Mapping[int, ProcessSockets],
+    *,
+    kind: str,
 ) -> list[Engine]:
     target = scrape.target
     url = safe_url(target.url)

@@ -27,13 +27,13 @@ from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_
 from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
 from gpuledger.model import Snapshots, SourceStatus
+from gpuledger.model.engines import ENGINES
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess
 from gpuledger.model.podresources import PODRESOURCES, PodResourcesSnapshot
 from gpuledger.model.procfs import PROCESSES, ProcessInfo
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL, LocalRayNode
 from gpuledger.model.serve import SERVE
-from gpuledger.model.engines import ENGINES
 
 # How a capped field is cut: (rows, limit) -> (kept, past the cap).
 Cut = Callable[[Sequence[Any], int], tuple[tuple[Any, ...], tuple[Any, ...]]]
@@ -532,7 +532,7 @@ def build_ledger(
                 gpu_by_pid,
                 known_engine_ids(previous.engines) if previous is not None else {},
                 procs.sockets if procs is not None else None,
-                known_kinds(previous.engines) if previous is not None else None,
+                known_kinds=known_kinds(previous.engines) if previous is not None else None,
             ),
             ray_local,
             process_table,

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from gpuledger.identity.processes import ancestors
-from gpuledger.ledger import caps
 from gpuledger.engines import parse_engine_title
 from gpuledger.engines.kinds import ENGINE_CORE
+from gpuledger.identity.processes import ancestors
+from gpuledger.ledger import caps
 from gpuledger.ledger.engines import Engine
 from gpuledger.ledger.ray import HostPids
 from gpuledger.model.kubernetes import PodInfo

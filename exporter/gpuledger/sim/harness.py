@@ -482,7 +482,7 @@ class SimulatedNode:
             kubernetes=self.apiserver is not None,
             # In cluster: none, the exporter reads the service account (see service_env).
             kubeconfig=None if self.apiserver is None or self.in_cluster else str(self.kubeconfig),
-            vllm_targets=tuple(
+            engine_targets=tuple(
                 self.engines[v.key].url for v in self.scenario.vllm if v.pod is None
             ),
             ray_address=self.ray.url if self.ray is not None else None,

@@ -1,22 +1,19 @@
-"""Which vLLM engines this node agent scrapes: annotated pods here, then static URLs.
+"""Which engines this node agent scrapes: annotated pods here, then static URLs.
 
-A pod opts in with `gpuledger.io/vllm-port` (and optional `-path`, `-scheme`), or is a
-candidate through the common `prometheus.io/port` annotations: a candidate whose
-exposition has no `vllm:` series is dropped, not reported. `gpuledger.io/vllm-port` may
-list several ports (`8000,8001`): a pod running several API servers, one target each.
-Pure.
+A pod opts in with its engine kind's port annotation (and optional path and scheme
+ones; gpuledger.engines), which names the target's kind, or is a candidate through the
+common `prometheus.io/port` annotations: a candidate whose exposition shows no kind's
+series is dropped, not reported. A port annotation may list several ports
+(`8000,8001`): a pod running several API servers, one target each. Pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuledger.model.kubernetes import PodInfo
+from gpuledger.engines import KINDS
 from gpuledger.model.engines import EngineTarget, Origin
-
-PORT_ANNOTATION = "gpuledger.io/vllm-port"
-PATH_ANNOTATION = "gpuledger.io/vllm-path"
-SCHEME_ANNOTATION = "gpuledger.io/vllm-scheme"
+from gpuledger.model.kubernetes import PodInfo
 
 
 def discover_targets(pods: Sequence[PodInfo], static: Sequence[str]) -> tuple[EngineTarget, ...]:
@@ -42,9 +39,11 @@ def _annotated(pod: PodInfo) -> list[EngineTarget]:
         return []
     notes = pod.annotations
     origin: Origin
-    if PORT_ANNOTATION in notes:
-        ports, path = notes[PORT_ANNOTATION].split(","), notes.get(PATH_ANNOTATION, "/metrics")
-        scheme, origin = notes.get(SCHEME_ANNOTATION, "http"), "annotation"
+    kind = next((k for k in KINDS if k.port_annotation in notes), None)
+    if kind is not None:
+        ports = notes[kind.port_annotation].split(",")
+        path = notes.get(kind.path_annotation, "/metrics")
+        scheme, origin = notes.get(kind.scheme_annotation, "http"), "annotation"
     elif "prometheus.io/port" in notes and notes.get("prometheus.io/scrape") != "false":
         ports, path = [notes["prometheus.io/port"]], notes.get("prometheus.io/path", "/metrics")
         scheme, origin = notes.get("prometheus.io/scheme", "http"), "prometheus_annotation"
@@ -54,12 +53,13 @@ def _annotated(pod: PodInfo) -> list[EngineTarget]:
     if not all(p.isdigit() for p in ports) or scheme not in ("http", "https"):
         return []
     host = f"[{pod.pod_ip}]" if ":" in pod.pod_ip else pod.pod_ip
-    return [_target(f"{scheme}://{host}:{p}/{path.lstrip('/')}", pod, origin) for p in ports]
+    name = kind.name if kind is not None else ""
+    return [_target(f"{scheme}://{host}:{p}/{path.lstrip('/')}", pod, origin, name) for p in ports]
 
 
-def _target(url: str, pod: PodInfo | None, origin: Origin) -> EngineTarget:
+def _target(url: str, pod: PodInfo | None, origin: Origin, kind: str = "") -> EngineTarget:
     if pod is None:
-        return EngineTarget(url=url, origin=origin)
+        return EngineTarget(url=url, origin=origin, kind=kind)
     return EngineTarget(
         url=url,
         namespace=pod.namespace,
@@ -67,4 +67,5 @@ def _target(url: str, pod: PodInfo | None, origin: Origin) -> EngineTarget:
         pod_uid=pod.uid,
         workload=pod.workload,
         origin=origin,
+        kind=kind,
     )

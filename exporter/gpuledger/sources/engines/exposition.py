@@ -1,13 +1,14 @@
-"""vLLM's `/metrics` text exposition, parsed into the few series the ledger needs.
+"""An engine's `/metrics` text exposition, parsed into the few series the ledger needs.
 
 :func:`parse_exposition` is pure: Prometheus text in, one :class:`EngineMetrics` per
-(model_name, engine) out. It tolerates every naming generation we know of (see the
-``_*`` name constants) and keeps nothing it does not need: ``vllm:cache_config_info``
-grows a label every release, so only :data:`CACHE_CONFIG_LABELS` survive.
+(model_name, engine) out. Which series fill which field is the engine kind's
+(:class:`~gpuledger.engines.kinds.ExpositionNames`), every naming generation of them
+included; nothing else is kept: an info series that grows a label every release keeps
+only the kind's `cache_config_labels`.
 
-:class:`ExpositionReader` and :class:`VllmLines` do the same for a body read piece by
-piece as it arrives (sources/engines/source.py): each line is checked or kept as soon as it ends,
-so a scrape holds the lines of the families read and one line, never the body.
+:class:`ExpositionReader` and :class:`MarkerLines` do the same for a body read piece by
+piece as it arrives (sources/engines/source.py): each line is checked or kept as soon as
+it ends, so a scrape holds the lines of the families read and one line, never the body.
 """
 
 from __future__ import annotations
@@ -19,39 +20,20 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuledger.engines.kinds import EngineKind, ExpositionNames
 from gpuledger.model import frozen_map
 from gpuledger.model.engines import EngineMetrics
-
-# The only cache_config_info labels kept; every other label is dropped unread.
-CACHE_CONFIG_LABELS: tuple[str, ...] = ("num_gpu_blocks", "block_size")
 
 # A hostile or broken exposition must not explode the ledger's cardinality.
 MAX_ENGINES_PER_TARGET = 256
 MAX_WAITING_REASONS = 16
 
-# Series names across releases. Older engines (V0, before the rename in 0.9/0.10) used
-# gpu_cache_usage_perc and had no `engine` label; newer ones expose both for a while.
-_RUNNING = "vllm:num_requests_running"
-_WAITING = "vllm:num_requests_waiting"
-_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # 0.20+
-_KV_USAGE = "vllm:kv_cache_usage_perc"  # a 0-1 ratio despite "perc" (HELP: 1 = 100%)
-_KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # same 0-1 ratio, the pre-rename name
-# The parser keeps a counter's `_total` on its samples; a counter exposed without the
-# suffix (or an untyped series) arrives under the bare name.
-_PREEMPTIONS = frozenset({"vllm:num_preemptions_total", "vllm:num_preemptions"})
-_CACHE_CONFIG = "vllm:cache_config_info"
-_VALUE_SERIES = frozenset(
-    {_RUNNING, _WAITING, _WAITING_BY_REASON, _KV_USAGE, _KV_USAGE_OLD, *_PREEMPTIONS}
-)
-# Families whose lines (samples, HELP, TYPE) are parsed. A real engine exposes about 600
-# lines of which these are a dozen; every other line only gets a shape check.
-_WANTED = (_RUNNING, _WAITING, _KV_USAGE, _KV_USAGE_OLD, "vllm:num_preemptions", _CACHE_CONFIG)
 # The shape every other sample line must have, matched against the stripped line.
 _SAMPLE_SHAPE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(?:\{.*\})?[ \t]+\S+(?:[ \t]+\S+)?[ \t]*")
 _COMMENT_PREFIXES = ("# HELP ", "# TYPE ")
 # Lines, each ending in \n, that _keep_line passes without keeping, if none holds the
-# wanted families' common prefix (vllm:): blank, a comment, or a sample (ASCII blanks
-# only; anything else takes the slow path).
+# wanted families' common prefix (the marker): blank, a comment, or a sample (ASCII
+# blanks only; anything else takes the slow path).
 _OTHER_LINES = re.compile(
     r"(?:[ \t\r]*+(?:#[^\n]*+|[A-Za-z_:][A-Za-z0-9_:]*+(?:\{[^\n]*\})?[ \t]+\S+(?:[ \t]+\S+)?)?"
     r"[ \t\r]*+\n)*+"
@@ -72,11 +54,7 @@ _PIECE = 64 * 1024
 
 # str.splitlines() boundaries (all of them whitespace as well).
 _LINE_BREAKS = r"\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-_VLLM_FIRST_LINE = re.compile(f"[^\\S{_LINE_BREAKS}]*+vllm:")
-_VLLM_LATER_LINE = re.compile(f"[{_LINE_BREAKS}][^\\S{_LINE_BREAKS}]*+vllm:")
-# A line break, blanks and the beginning of "vllm:" at the end of a piece: what the next
-# piece may complete into a vllm: line.
-_VLLM_LINE_OPEN = re.compile(f"[{_LINE_BREAKS}][^\\S{_LINE_BREAKS}]*+(v(?:l(?:lm?)?)?)?\\Z")
+_BLANKS = f"[^\\S{_LINE_BREAKS}]*+"
 
 
 class ExpositionError(ValueError):
@@ -86,12 +64,19 @@ class ExpositionError(ValueError):
     """
 
 
-def looks_like_vllm(text: str) -> bool:
-    """True when any sample line is a `vllm:` series. Cheap, never raises, no parsing.
+def _alternatives(words: set[str]) -> str:
+    return "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
 
-    That is: some line of `text.splitlines()` starts with `vllm:` once lstrip()ped.
+
+def looks_like(text: str, markers: tuple[str, ...]) -> bool:
+    """True when any sample line starts with one of the markers (an engine kind's
+    prefixes). Cheap, never raises, no parsing.
+
+    That is: some line of `text.splitlines()` starts with a marker once lstrip()ped.
     """
-    return bool(_VLLM_FIRST_LINE.match(text) or _VLLM_LATER_LINE.search(text))
+    watch = MarkerLines(markers)
+    watch.feed(text)
+    return watch.seen
 
 
 @dataclass
@@ -99,8 +84,7 @@ class _Builder:
     running: float | None = None
     waiting: float | None = None
     by_reason: dict[str, float] = field(default_factory=dict)
-    kv_new: float | None = None
-    kv_old: float | None = None
+    kv: dict[str, float | None] = field(default_factory=dict)  # by series name
     preemptions: float | None = None
 
 
@@ -109,7 +93,7 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _keep_line(line: str, wanted: tuple[str, ...] = _WANTED) -> bool:
+def _keep_line(line: str, wanted: tuple[str, ...]) -> bool:
     """Whether the line belongs to a family we read; raises ExpositionError if any other
     line is not shaped like an exposition line (garbage must not pass for an empty engine).
     """
@@ -126,20 +110,28 @@ def _keep_line(line: str, wanted: tuple[str, ...] = _WANTED) -> bool:
     return False
 
 
-class VllmLines:
-    """Whether any line of a text read piece by piece is a `vllm:` series: the answer
-    looks_like_vllm gives for the whole text, holding a few characters between pieces."""
+class MarkerLines:
+    """Whether any line of a text read piece by piece starts with one of `markers`: the
+    answer looks_like gives for the whole text, holding a few characters between pieces."""
 
-    def __init__(self) -> None:
+    def __init__(self, markers: tuple[str, ...]) -> None:
+        if not markers or not all(markers):
+            raise ValueError("at least one marker, none empty")
         self.seen = False
         self._open = "\n"  # the text begins at a line start
+        self._line = re.compile(f"[{_LINE_BREAKS}]{_BLANKS}(?:{_alternatives(set(markers))})")
+        # A line break, blanks and the beginning of a marker at the end of a piece: what
+        # the next piece may complete into a marked line.
+        begun = {m[:i] for m in markers for i in range(1, len(m))}
+        opening = f"({_alternatives(begun)})?" if begun else "()?"
+        self._line_open = re.compile(f"[{_LINE_BREAKS}]{_BLANKS}{opening}\\Z")
 
     def feed(self, text: str) -> None:
         if self.seen or not text:
             return
         window = self._open + text
-        self.seen = _VLLM_LATER_LINE.search(window) is not None
-        tail = _VLLM_LINE_OPEN.search(window)
+        self.seen = self._line.search(window) is not None
+        tail = self._line_open.search(window)
         self._open = "\n" + (tail.group(1) or "") if tail is not None else ""
 
 
@@ -154,14 +146,14 @@ class ExpositionReader:
     ExpositionError at the first line that is malformed or too long (MAX_LINE_CHARS for a
     wanted line, MAX_OTHER_LINE_CHARS for any other), past `max_wanted_chars` of wanted
     lines in all, or past `max_samples` wanted samples. `wanted` are the families' names
-    (vLLM's by default; sources/ray/serve_metrics.py reads Ray Serve's), `marker` a string
-    every line of them holds (their common prefix).
+    (an engine kind's ExpositionNames.wanted; sources/ray/serve_metrics.py reads Ray
+    Serve's), `marker` a string every line of them holds (their common prefix).
     """
 
     def __init__(
         self,
-        wanted: tuple[str, ...] = _WANTED,
-        marker: str = "vllm:",
+        wanted: tuple[str, ...],
+        marker: str,
         max_wanted_chars: int = MAX_WANTED_CHARS,
         max_samples: int | None = None,
     ) -> None:
@@ -217,10 +209,6 @@ class ExpositionReader:
         self._line(last)
         return "\n".join(self._kept) + "\n"
 
-    def engines(self) -> tuple[EngineMetrics, ...]:
-        """The engines of the text once it has ended; see parse_exposition."""
-        return _engines(self.relevant())
-
     def _line(self, line: str) -> None:
         if len(line) > MAX_OTHER_LINE_CHARS:
             raise _too_long(MAX_OTHER_LINE_CHARS)
@@ -253,90 +241,110 @@ def _samples(relevant: str) -> Iterator[tuple[str, Mapping[str, str], float]]:
         raise ExpositionError(f"not a Prometheus text exposition ({type(exc).__name__})") from None
 
 
-def parse_exposition(text: str) -> tuple[EngineMetrics, ...]:
-    """Map a vLLM `/metrics` text exposition to one EngineMetrics per (model, engine).
+def parse_exposition(text: str, kind: EngineKind) -> tuple[EngineMetrics, ...]:
+    """Map an engine's `/metrics` text exposition to one EngineMetrics per (model, engine),
+    read with the first of the kind's namings whose marker a line shows (else its first).
 
     Engines are those that expose at least one of the value series (running, waiting,
-    waiting by reason, KV-cache usage, preemptions); `cache_config_info` only attaches
+    waiting by reason, KV-cache usage, preemptions); the cache config only attaches
     to them. Raises :class:`ExpositionError` for text the Prometheus parser rejects, or
     with more than MAX_ENGINES_PER_TARGET engines.
     """
-    reader = ExpositionReader()
+    names = next((n for n in kind.metrics if looks_like(text, (n.marker,))), kind.metrics[0])
+    reader = ExpositionReader(names.wanted, names.marker)
     for at in range(0, len(text), _PIECE):  # as a scrape reads it: never split whole
         reader.feed(text[at : at + _PIECE])
-    return reader.engines()
+    return read_engines(reader.relevant(), names)
 
 
-def _engines(relevant: str) -> tuple[EngineMetrics, ...]:
-    """The engines of the kept lines (ExpositionReader.relevant)."""
-    builders: dict[tuple[str, str], _Builder] = {}
-    # (model_name or None, engine or None): None where the label is absent. A key that
-    # saw two different configs is ambiguous (several models behind one endpoint with
-    # no model_name on the info series) and is dropped rather than guessed.
-    configs: dict[tuple[str | None, str | None], dict[str, str] | None] = {}
-
-    # An idle engine's gauges may have no sample at all until its first request (vLLM
-    # declares them with # TYPE only): a declared gauge without a sample reads 0.
-    declared = {
+def _declared(relevant: str) -> set[str]:
+    """Families with a # TYPE line."""
+    return {
         fields[2]
         for fields in (
             line.split() for line in relevant.splitlines() if line.lstrip().startswith("# TYPE ")
         )
         if len(fields) > 2  # splitlines() also breaks at \x85 and friends: a TYPE may be cut
     }
+
+
+# (model_name or None, engine or None): None where the label is absent; the kept cache
+# config labels, or None where one key saw two different configs.
+_Configs = dict[tuple[str | None, str | None], dict[str, str] | None]
+
+
+def _add_config(configs: _Configs, names: ExpositionNames, labels: Mapping[str, str]) -> None:
+    # A key that saw two different configs is ambiguous (several models behind one
+    # endpoint with no model_name on the info series) and is dropped rather than guessed.
+    key = (labels.get(names.model_label), labels.get(names.rank_label))
+    kept = {k: labels[k] for k in names.cache_config_labels if k in labels}
+    configs[key] = None if key in configs and configs[key] != kept else kept
+
+
+def _config_for(configs: _Configs, model: str, engine: str) -> Mapping[str, str]:
+    for key in ((model, engine), (None, engine), (model, None), (None, None)):
+        if key in configs:
+            found = configs[key]
+            return frozen_map(found) if found is not None else frozen_map()
+    return frozen_map()
+
+
+def _set_value(
+    builder: _Builder, names: ExpositionNames, name: str, labels: Mapping[str, str], raw: float
+) -> None:
+    value = _finite(raw)
+    if name == names.running:
+        builder.running = value
+    elif name == names.waiting:
+        builder.waiting = value
+    elif name == names.waiting_by_reason:
+        reason = labels.get(names.reason_label)
+        if (
+            value is not None
+            and reason is not None
+            and (reason in builder.by_reason or len(builder.by_reason) < MAX_WAITING_REASONS)
+        ):
+            builder.by_reason[reason] = value
+    elif name in names.kv_usage:
+        builder.kv[name] = value
+    else:  # preemptions, under any of its names
+        builder.preemptions = value
+
+
+def _builder(builders: dict[tuple[str, str], _Builder], key: tuple[str, str]) -> _Builder:
+    found = builders.get(key)
+    if found is None:
+        if len(builders) >= MAX_ENGINES_PER_TARGET:
+            raise ExpositionError(f"more than {MAX_ENGINES_PER_TARGET} (model_name, engine) pairs")
+        found = builders[key] = _Builder()
+    return found
+
+
+def _zero_declared(b: _Builder, names: ExpositionNames, declared: set[str]) -> None:
+    # An idle engine's gauges may have no sample at all until its first request (vLLM
+    # declares them with # TYPE only): a declared gauge without a sample reads 0.
+    if b.running is None and names.running in declared:
+        b.running = 0.0
+    if b.waiting is None and names.waiting in declared:
+        b.waiting = 0.0
+    if all(v is None for v in b.kv.values()) and names.kv_usage[0] in declared:
+        b.kv[names.kv_usage[0]] = 0.0
+
+
+def read_engines(relevant: str, names: ExpositionNames) -> tuple[EngineMetrics, ...]:
+    """The engines of the kept lines (ExpositionReader.relevant) of one naming."""
+    builders: dict[tuple[str, str], _Builder] = {}
+    configs: _Configs = {}
+    value_series = names.value_series
     for name, labels, raw in _samples(relevant):
-        if name == _CACHE_CONFIG:
-            key = (labels.get("model_name"), labels.get("engine"))
-            kept = {k: labels[k] for k in CACHE_CONFIG_LABELS if k in labels}
-            if key in configs and configs[key] != kept:
-                configs[key] = None
-            else:
-                configs[key] = kept
-            continue
-        if name not in _VALUE_SERIES:
-            continue
-        engine_key = (labels.get("model_name", ""), labels.get("engine", "0"))
-        builder = builders.get(engine_key)
-        if builder is None:
-            if len(builders) >= MAX_ENGINES_PER_TARGET:
-                raise ExpositionError(
-                    f"more than {MAX_ENGINES_PER_TARGET} (model_name, engine) pairs"
-                )
-            builder = builders[engine_key] = _Builder()
-        value = _finite(raw)
-        if name == _RUNNING:
-            builder.running = value
-        elif name == _WAITING:
-            builder.waiting = value
-        elif name == _WAITING_BY_REASON:
-            reason = labels.get("reason")
-            if (
-                value is not None
-                and reason is not None
-                and (reason in builder.by_reason or len(builder.by_reason) < MAX_WAITING_REASONS)
-            ):
-                builder.by_reason[reason] = value
-        elif name == _KV_USAGE:
-            builder.kv_new = value
-        elif name == _KV_USAGE_OLD:
-            builder.kv_old = value
-        else:  # preemptions, under either name
-            builder.preemptions = value
-
-    def config_for(model: str, engine: str) -> Mapping[str, str]:
-        for key in ((model, engine), (None, engine), (model, None), (None, None)):
-            if key in configs:
-                found = configs[key]
-                return frozen_map(found) if found is not None else frozen_map()
-        return frozen_map()
-
+        if name == names.cache_config:
+            _add_config(configs, names, labels)
+        elif name in value_series:
+            key = (labels.get(names.model_label, ""), labels.get(names.rank_label, "0"))
+            _set_value(_builder(builders, key), names, name, labels, raw)
+    declared = _declared(relevant)
     for b in builders.values():
-        if b.running is None and _RUNNING in declared:
-            b.running = 0.0
-        if b.waiting is None and _WAITING in declared:
-            b.waiting = 0.0
-        if b.kv_new is None and b.kv_old is None and _KV_USAGE in declared:
-            b.kv_new = 0.0
+        _zero_declared(b, names, declared)
     return tuple(
         EngineMetrics(
             model_name=model,
@@ -344,9 +352,11 @@ def _engines(relevant: str) -> tuple[EngineMetrics, ...]:
             requests_running=b.running,
             requests_waiting=b.waiting,
             waiting_by_reason=frozen_map(b.by_reason),
-            kv_cache_usage_ratio=b.kv_new if b.kv_new is not None else b.kv_old,
+            kv_cache_usage_ratio=next(
+                (b.kv[n] for n in names.kv_usage if b.kv.get(n) is not None), None
+            ),
             preemptions_total=b.preemptions,
-            cache_config=config_for(model, engine),
+            cache_config=_config_for(configs, model, engine),
         )
         for (model, engine), b in sorted(builders.items(), key=lambda kv: _order(kv[0]))
     )

@@ -1,11 +1,13 @@
-"""vLLM source: scrape engines' `/metrics` and map the few series the ledger needs.
+"""Engine source: scrape engines' `/metrics` and map the few series the ledger needs.
 
 :class:`EngineScraper` fetches many engines concurrently, each bounded in time and body
 size, and turns every failure into that engine's own ``up=False`` plus a reason from
 :data:`REASONS` (or ``http_<status>``). One bad engine never affects another, and
 :meth:`EngineScraper.scrape` does not raise. :class:`EngineSource` is the pipeline's source: it
 finds targets (:mod:`gpuledger.sources.engines.discovery`) and scrapes them. Parsing lives in
-:mod:`gpuledger.sources.engines.exposition`.
+:mod:`gpuledger.sources.engines.exposition`; what differs per engine kind, in
+:mod:`gpuledger.engines`. A target whose kind is unknown (a static URL, a prometheus.io
+candidate) is read for every kind at once and is the first kind its body shows.
 
 Secrets: response bodies and header values never reach an error message or a log line
 (an error page may echo a token). URLs in messages lose userinfo, query and fragment.
@@ -21,14 +23,28 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 
+from gpuledger.engines import BY_NAME, KINDS
+from gpuledger.engines.kinds import EngineKind, ExpositionNames
 from gpuledger.identity.urls import safe_url
 from gpuledger.model import Snapshots
+from gpuledger.model.engines import (
+    ENGINES,
+    NOT_AN_ENGINE,
+    EngineMetrics,
+    EngineScrape,
+    EnginesSnapshot,
+    EngineTarget,
+)
 from gpuledger.model.kubernetes import PODS
-from gpuledger.model.engines import ENGINES, EngineMetrics, EngineScrape, EngineTarget, EnginesSnapshot
 from gpuledger.net.httpclient import HttpClient, HttpError
 from gpuledger.sources.base import Source
 from gpuledger.sources.engines.discovery import discover_targets
-from gpuledger.sources.engines.exposition import ExpositionError, ExpositionReader, VllmLines
+from gpuledger.sources.engines.exposition import (
+    ExpositionError,
+    ExpositionReader,
+    MarkerLines,
+    read_engines,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +58,7 @@ REASONS: tuple[str, ...] = (
     "truncated",  # the body ended before its declared length
     "too_large",  # decoded body exceeded the cap
     "garbage",  # not a Prometheus text exposition, or not decodable
-    "not_vllm",  # parsable, but no vllm: series (prometheus.io annotation candidates)
+    NOT_AN_ENGINE,  # parsable, but no engine kind's series (prometheus.io candidates)
     "invalid_url",
     "too_many_redirects",
     "internal_error",  # a bug: contained to this target
@@ -62,7 +78,7 @@ class _ScrapeFailed(Exception):
 
 
 class EngineScraper:
-    """Scrapes vLLM engines concurrently, each bounded in time and body size.
+    """Scrapes engines concurrently, each bounded in time and body size.
 
     One `fetch` has one deadline, `timeout_seconds` from its start, shared by all its
     targets: a target still being read then (trickling, hung) is `timeout`, and a target
@@ -112,20 +128,24 @@ class EngineScraper:
         deadline = deadline if deadline is not None else started + self.timeout_seconds
         if started >= deadline:
             return self._failed(target, started, "timeout", self._late())
+        body = _Body(target)
         try:
-            engines = self._scrape(target, deadline)
+            engines = self._scrape(target, deadline, body)
         except _ScrapeFailed as exc:
-            return self._failed(target, started, exc.reason, exc.message)
+            return self._failed(target, started, exc.reason, exc.message, kind=body.kind)
         except HttpError as exc:
-            return self._failed(target, started, exc.reason, exc.message, prefixed=True)
+            return self._failed(
+                target, started, exc.reason, exc.message, prefixed=True, kind=body.kind
+            )
         except Exception as exc:  # a bug: contained to this target, type only
             log.warning(
-                "vLLM scrape of %s failed unexpectedly: %s",
+                "Engine scrape of %s failed unexpectedly: %s",
                 safe_url(target.url),
                 type(exc).__name__,
             )
             return self._failed(target, started, "internal_error", type(exc).__name__)
-        return EngineScrape(target, True, None, None, engines, time.monotonic() - started)
+        duration = time.monotonic() - started
+        return EngineScrape(target, True, None, None, engines, duration, body.kind)
 
     def __enter__(self) -> EngineScraper:
         return self
@@ -146,7 +166,7 @@ class EngineScraper:
         with self._lock:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.max_workers, thread_name_prefix="vllm-scrape"
+                    max_workers=self.max_workers, thread_name_prefix="engine-scrape"
                 )
             return self._executor
 
@@ -158,6 +178,7 @@ class EngineScraper:
         message: str,
         *,
         prefixed: bool = False,
+        kind: str | None = None,
     ) -> EngineScrape:
         return EngineScrape(
             target,
@@ -166,29 +187,34 @@ class EngineScraper:
             error_message=message if prefixed else f"{safe_url(target.url)}: {message}",
             engines=(),
             duration_seconds=time.monotonic() - started,
+            kind=target.kind if kind is None else kind,
         )
 
-    def _scrape(self, target: EngineTarget, deadline: float) -> tuple[EngineMetrics, ...]:
-        body = _Body(candidate=target.origin == "prometheus_annotation")
+    def _scrape(
+        self, target: EngineTarget, deadline: float, body: _Body
+    ) -> tuple[EngineMetrics, ...]:
         self._download(target.url, deadline, body)
         if body.bug is not None:
-            log.warning("vLLM scrape of %s failed unexpectedly: %s", safe_url(target.url), body.bug)
+            log.warning(
+                "Engine scrape of %s failed unexpectedly: %s", safe_url(target.url), body.bug
+            )
             raise _ScrapeFailed("internal_error", body.bug)
-        # A prometheus.io-annotated pod is only a candidate: decide "is it vLLM" before
-        # judging its syntax, so a non-vLLM app is dropped, not reported as garbage.
-        if body.candidate and not body.vllm.seen:
-            raise _ScrapeFailed("not_vllm", "no vllm: series in the exposition")
-        if body.error is None:
+        # A prometheus.io-annotated pod is only a candidate: decide "is it an engine"
+        # before judging its syntax, so another app is dropped, not reported as garbage.
+        if body.candidate and body.chosen() is None:
+            raise _ScrapeFailed(NOT_AN_ENGINE, body.no_series())
+        read = body.chosen() or body.reads[0]
+        if read.error is None:
             try:
-                return self._engines(body)
+                return self._engines(body, read)
             except ExpositionError as exc:
-                body.error = str(exc)  # raised below, without this error as context
-        raise _ScrapeFailed("garbage", body.error or "not a Prometheus text exposition")
+                read.error = str(exc)  # raised below, without this error as context
+        raise _ScrapeFailed("garbage", read.error or "not a Prometheus text exposition")
 
-    def _engines(self, body: _Body) -> tuple[EngineMetrics, ...]:
-        engines = body.reader.engines()
-        if not engines and not body.vllm.seen:
-            raise _ScrapeFailed("not_vllm", "no vllm: series in the exposition")
+    def _engines(self, body: _Body, read: _Read) -> tuple[EngineMetrics, ...]:
+        engines = read_engines(read.reader.relevant(), read.names)
+        if not engines and body.chosen() is None:
+            raise _ScrapeFailed(NOT_AN_ENGINE, body.no_series())
         return engines
 
     def _download(self, url: str, deadline: float, body: _Body) -> None:
@@ -209,28 +235,64 @@ class EngineScraper:
         body.end()
 
 
+class _Read:
+    """One naming of one engine kind, read from a body: its wanted lines, whether any
+    line shows its marker, and the first malformed line (said without quoting it)."""
+
+    def __init__(self, kind: EngineKind, names: ExpositionNames) -> None:
+        self.kind = kind
+        self.names = names
+        self.reader = ExpositionReader(names.wanted, names.marker)
+        self.lines = MarkerLines((names.marker,))
+        self.error: str | None = None
+
+    def feed(self, text: str) -> None:
+        self.lines.feed(text)
+        if self.error is None:
+            try:
+                self.reader.feed(text)
+            except ExpositionError as exc:
+                self.error = str(exc)
+
+
 class _Body:
     """One engine's answer, read as it arrives (HttpClient.get's `consume`): decoded,
-    each line checked or kept when it ends (vllm_metrics.ExpositionReader), and watched
-    for vllm: series. Only the lines of the families read are held, never the body."""
+    each line checked or kept when it ends (exposition.ExpositionReader), for each
+    naming of the target's kind (of every kind, when unknown), and watched for their
+    markers. Only the lines of the families read are held, never the body."""
 
-    def __init__(self, candidate: bool) -> None:
-        self.candidate = candidate
-        self.reader = ExpositionReader()
-        self.vllm = VllmLines()
-        self.error: str | None = None  # the first malformed line, said without quoting it
+    def __init__(self, target: EngineTarget) -> None:
+        self.candidate = target.origin == "prometheus_annotation"
+        known = BY_NAME.get(target.kind)
+        kinds = (known,) if known is not None else KINDS
+        self.reads = [_Read(kind, names) for kind in kinds for names in kind.metrics]
+        self.target_kind = target.kind
         self.bug: str | None = None  # the type of an unexpected exception
         self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
         self._stopped = False
+
+    @property
+    def kind(self) -> str:
+        chosen = self.chosen()
+        return chosen.kind.name if chosen is not None else self.target_kind
+
+    def chosen(self) -> _Read | None:
+        """The first naming whose marker a line showed."""
+        return next((r for r in self.reads if r.lines.seen), None)
+
+    def no_series(self) -> str:
+        markers = " or ".join(r.names.marker for r in self.reads)
+        return f"no {markers} series in the exposition"
 
     def __call__(self, chunk: bytes) -> bool:
         try:
             self._take(self._decode(chunk))
         except Exception as exc:  # a bug: the client must not read it as a transport error
             self.bug = type(exc).__name__
-        # After a malformed line only a candidate still reads on: whether any line is a
-        # vllm: series decides between not_vllm and garbage.
-        more = self.bug is None and (self.error is None or (self.candidate and not self.vllm.seen))
+        # After a malformed line only a candidate still reads on: whether any line shows
+        # a marker decides between not an engine and garbage.
+        readable = any(r.error is None for r in self.reads)
+        more = self.bug is None and (readable or (self.candidate and self.chosen() is None))
         self._stopped = not more
         return more
 
@@ -240,12 +302,8 @@ class _Body:
             self._take(self._decode(b"", final=True))
 
     def _take(self, text: str) -> None:
-        self.vllm.feed(text)
-        if self.error is None:
-            try:
-                self.reader.feed(text)
-            except ExpositionError as exc:
-                self.error = str(exc)
+        for read in self.reads:
+            read.feed(text)
 
 
 class EngineSource(Source[EnginesSnapshot]):
@@ -272,7 +330,7 @@ class EngineSource(Source[EnginesSnapshot]):
         return (
             s.error_reason or "unknown"
             for s in snapshot.scrapes
-            if not s.up and s.error_reason != "not_vllm"
+            if not s.up and s.error_reason != NOT_AN_ENGINE
         )
 
     def close(self) -> None:
