@@ -553,14 +553,16 @@ class TestSingleEngine:
         assert tree[core_pid].argv0 == b"VLLM::EngineCore"
         assert tree[core_pid].cmdline.rstrip(b"\0") == b"VLLM::EngineCore"
         assert tree[core_pid].ppid == engine.pid
-        assert tree[core_pid].vllm == EngineProcess(core_pid, "engine_core", None, None, None)
+        assert tree[core_pid].vllm == EngineProcess(
+            core_pid, "engine_core", None, None, None, "vllm"
+        )
         # comm is cut to 15 bytes: why titles come from cmdline.
         assert Path(f"/proc/{core_pid}/comm").read_text().strip() == "VLLM::EngineCor"
 
         workers = [p for p in titled.values() if p.vllm is not None and p.vllm.role == "worker"]
         for w in workers:
             assert w.ppid == core_pid, f"Worker {w.pid} is not a child of EngineCore"
-            assert w.vllm == EngineProcess(w.pid, "worker", None, None, None)
+            assert w.vllm == EngineProcess(w.pid, "worker", None, None, None, "vllm")
         # No other vLLM-titled process with one engine (resource_tracker is plain python).
         assert set(titled) == {core_pid, *(w.pid for w in workers)}
         # CPU builds force the multiprocessing executor: one `VLLM::Worker` (no suffix)

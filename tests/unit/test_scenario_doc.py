@@ -64,7 +64,7 @@ def skeleton() -> dict[str, Any]:
             ]
         },
         "podresources": {"allocations": [{"pod": "p"}]},
-        "vllm": [{"pod": "default/p", "engines": [{}]}],
+        "engines": [{"kind": "vllm", "pod": "default/p", "engines": [{}]}],
         "ray": {
             "nodes": [{"name": "head"}],
             "actors": [{}],
@@ -88,7 +88,7 @@ def skeleton() -> dict[str, Any]:
                 "gpus": {GPU: {}},
                 "processes": {100: {}},
                 "pods": {"default/p": {}},
-                "vllm": {"default/p": {}},
+                "engines": {"default/p": {}},
             }
         ],
     }

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuledger.engines.kinds import EngineKind, EngineProcess
+from gpuledger.engines.kinds import EngineKind, EngineProcess, RayExecutor
 from gpuledger.engines.vllm import VLLM
 
 KINDS: tuple[EngineKind, ...] = (VLLM,)
 BY_NAME: Mapping[str, EngineKind] = {k.name: k for k in KINDS}
 # Every engine's retitled processes start with one of these.
 TITLE_PREFIXES: tuple[str, ...] = tuple(k.title_prefix for k in KINDS)
+# The simulator's Ray-executor engine when a scenario names none: its driver's title.
+DEFAULT_RAY: RayExecutor = next(k.ray for k in KINDS if k.ray is not None)
+DEFAULT_RAY_DRIVER = DEFAULT_RAY.driver
 
 
 def is_engine_title(title: str) -> bool:
@@ -39,6 +42,8 @@ def flag_whitelist() -> dict[str, str]:
 
 __all__ = [
     "BY_NAME",
+    "DEFAULT_RAY",
+    "DEFAULT_RAY_DRIVER",
     "KINDS",
     "TITLE_PREFIXES",
     "EngineKind",

@@ -81,9 +81,11 @@ class RayExecutor:
 
     # The driver's title; group 1, when present, is the data-parallel rank.
     driver_title: re.Pattern[str]
+    driver: str  # that title at DP rank 0
     worker_classes: frozenset[str]
     # A worker actor's name; group 2 holds its `_TP<t>_PP<p>…` ranks.
     worker_name: re.Pattern[str]
+    worker_prefix: str  # what that name starts with, before the instance id
 
 
 @dataclass(frozen=True)

@@ -81,10 +81,12 @@ VLLM = EngineKind(
     ray=RayExecutor(
         # `--distributed-executor-backend ray`: the EngineCore is the job's driver.
         driver_title=re.compile(r"^VLLM::EngineCore(?:_DP(\d+))?$"),
+        driver="VLLM::EngineCore",
         # RayExecutorV2 (0.32's default) and the legacy RayDistributedExecutor.
         worker_classes=frozenset({"RayWorkerProc", "RayWorkerWrapper"}),
         # `vllm_Worker_<instance>_TP<t>[_PP<p>][_PCP<c>]` (RayExecutorV2; `_PP` only
         # when pipeline parallel); the legacy executor's actors are unnamed.
         worker_name=re.compile(r"^vllm_Worker_([^_]+)((?:_[A-Z]+\d+)*)$"),
+        worker_prefix="vllm_Worker_",
     ),
 )

@@ -192,7 +192,8 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
             gpus.add_metric([*values, "in_use"], e.gpus_in_use)
         if e.config.get("max_num_seqs", "").isdigit():
             max_seqs.add_metric(values, int(e.config["max_num_seqs"]))
-        config.add_metric([*values, *(e.config.get(k, "") for k in CONFIG_LABELS)], 1)
+        info = {**e.config, "engine_kind": e.kind}
+        config.add_metric([*values, *(info.get(k, "") for k in CONFIG_LABELS)], 1)
         for g in e.gpus:
             gpu.add_metric([*values, g.gpu_uuid, g.role, g.rank], 1)
         m = e.metrics

@@ -533,14 +533,17 @@ ENGINE_CONFIG_INFO: Final = declare(
         "max_num_seqs",
         "num_gpu_blocks",
         "block_size",
+        "engine_kind",
     ),
     stability=EXPERIMENTAL,
     rows="engines",
     cap="MAX_ENGINES",
     budget=(Budget(NODE, "256", "one per engine", 256),),
     meaning=(
-        "1. Parallelism and `max_num_seqs` from the whitelisted flags of the API server's"
-        " command line (vLLM's default `1` for an absent parallelism flag; empty "
+        "1. `engine_kind`: the engine kind that answered (`vllm`; empty while a target of"
+        " unknown kind has never answered). Parallelism and `max_num_seqs` from the"
+        " whitelisted flags of the API server's command line (the kind's default, vLLM's"
+        " `1`, for an absent parallelism flag; empty "
         "`max_num_seqs` when absent); `num_gpu_blocks`/`block_size` from "
         "`vllm:cache_config_info`. Empty when the API server process is not found."
     ),

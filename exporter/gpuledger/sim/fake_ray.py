@@ -52,6 +52,8 @@ from types import TracebackType
 from typing import Any, Final, Literal, get_args
 from urllib.parse import parse_qs, urlsplit
 
+from gpuledger.engines import DEFAULT_RAY_DRIVER
+
 __all__ = [
     "FAULTS",
     "FakeRayDashboard",
@@ -203,7 +205,7 @@ def job_entry(
     *,
     driver_pid: int,
     driver_node_ip: str,
-    entrypoint: str = "VLLM::EngineCore",
+    entrypoint: str = DEFAULT_RAY_DRIVER,
     status: str = "RUNNING",
     start_time_ms: int = 1796132137248,
     padding: int = 124,

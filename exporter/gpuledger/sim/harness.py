@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuledger.engines import BY_NAME, KINDS
 from gpuledger.export.document import ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sim.fake_apiserver import (
@@ -54,11 +55,11 @@ from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
 from gpuledger.sim.ray_jobs import ray_job_rows
 from gpuledger.sim.scenario import (
     Scenario,
+    SimEngineServer,
     SimGpu,
     SimMig,
     SimPod,
     SimProcess,
-    SimVllm,
     mig_devices,
 )
 from gpuledger.sim.sockets import write_sockets
@@ -169,13 +170,16 @@ def _replace_file(path: Path, content: bytes) -> None:
     os.replace(temporary, path)
 
 
-def pod_object(pod: SimPod, ip: str | None, vllm_port: int | str | None) -> dict[str, Any]:
-    """The Pod as the API server would return it (`vllm_port` may list several)."""
+def pod_object(
+    pod: SimPod, ip: str | None, engine_port: int | str | None, kind: str = KINDS[0].name
+) -> dict[str, Any]:
+    """The Pod as the API server would return it (`engine_port` may list several), its
+    engines of one `kind`."""
     annotations = dict(pod.annotations)
-    if vllm_port is not None:
+    if engine_port is not None:
         # Point whichever discovery annotation the pod uses at the simulated engine.
         key = "prometheus.io/port" if "prometheus.io/port" in annotations else None
-        annotations[key or "gpuledger.io/vllm-port"] = str(vllm_port)
+        annotations[key or BY_NAME[kind].port_annotation] = str(engine_port)
     conditions = None
     if pod.pending_reason:
         conditions = [pod_scheduled_false(pod.pending_reason, pod.pending_message)]
@@ -218,7 +222,7 @@ def _ray_workload(scenario: Scenario) -> tuple[str, str]:
     return namespace, name
 
 
-def fake_engines(sim: SimVllm) -> list[FakeEngine]:
+def fake_engines(sim: SimEngineServer) -> list[FakeEngine]:
     return [
         FakeEngine(
             model_name=e.model_name,
@@ -279,7 +283,7 @@ class SimulatedNode:
         # Each pod's engines, and each static engine, get their own loopback address,
         # like a pod IP (any 127/8 works); engines of one pod differ by port.
         hosts: dict[str, str] = {}
-        for i, sim in enumerate(scenario.vllm):
+        for i, sim in enumerate(scenario.engines):
             host = hosts.setdefault(sim.pod or sim.key, f"127.77.{i // 250}.{i % 250 + 1}")
             server = FakeVllmServer(
                 fake_engines(sim),
@@ -334,7 +338,7 @@ class SimulatedNode:
         write_state(self.state_file, nvml_state(state))
         write_proc_root(self.proc_root, state.processes)
         write_sockets(self.proc_root, state, self.engines)
-        for sim in state.vllm:
+        for sim in state.engines:
             server = self.engines[sim.key]
             server.set_engines(fake_engines(sim))
             server.set_fault(sim.fault)  # type: ignore[arg-type]
@@ -437,10 +441,11 @@ class SimulatedNode:
         for key, pod in wanted.items():
             if self._pods.get(key) == pod:
                 continue
-            servers = [self.engines[v.key] for v in state.vllm if v.pod == key]
+            mine = [v for v in state.engines if v.pod == key]
+            servers = [self.engines[v.key] for v in mine]
             ip = servers[0].host if servers else self._ray_pod_ip(key) or pod.pod_ip
             ports = ",".join(str(s.port) for s in servers) or None
-            obj = pod_object(pod, ip, ports)
+            obj = pod_object(pod, ip, ports, *(v.kind for v in mine[:1]))
             if key in self._pods:
                 self.apiserver.update_pod(obj)
             else:
@@ -483,7 +488,7 @@ class SimulatedNode:
             # In cluster: none, the exporter reads the service account (see service_env).
             kubeconfig=None if self.apiserver is None or self.in_cluster else str(self.kubeconfig),
             engine_targets=tuple(
-                self.engines[v.key].url for v in self.scenario.vllm if v.pod is None
+                self.engines[v.key].url for v in self.scenario.engines if v.pod is None
             ),
             ray_address=self.ray.url if self.ray is not None else None,
             ray_token=self.scenario.ray.token if self.scenario.ray is not None else None,

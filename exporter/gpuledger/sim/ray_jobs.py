@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuledger.engines import DEFAULT_RAY
 from gpuledger.sim.fake_ray import actor_entry, job_entry, placement_group_entry, ray_id
 from gpuledger.sim.scenario import SimRay, SimRayJob
 
@@ -57,7 +58,7 @@ def _workers(job: SimRayJob, group_id: str, node_ids: Mapping[str, str], seed: s
     for bundle, worker in enumerate(job.workers):
         name = ""
         if job.executor == "ray":
-            name = f"vllm_Worker_{_instance(job, seed)}_TP{worker.tp}"
+            name = f"{DEFAULT_RAY.worker_prefix}{_instance(job, seed)}_TP{worker.tp}"
             name += f"_PP{worker.pp}" if pipeline else ""
         state = worker.state if job.status == "RUNNING" else "DEAD"
         placed = state in ("ALIVE", "DEAD")  # Ray sends no node and pid 0 before placement

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from gpuledger.engines import BY_NAME, DEFAULT_RAY_DRIVER, KINDS
 from gpuledger.model import frozen_map
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
@@ -64,7 +65,7 @@ TOP_KEYS = frozenset(
         "phases",
         "kubernetes",
         "podresources",
-        "vllm",
+        "engines",
         "ray",
     }
 )
@@ -117,7 +118,9 @@ OWNER_KEYS = frozenset({"kind", "name"})
 PENDING_KEYS = frozenset({"reason", "message"})
 PODRESOURCES_KEYS = frozenset({"allocations", "fault"})
 ALLOCATION_KEYS = frozenset({"namespace", "pod", "container", "resource", "devices"})
-VLLM_KEYS = frozenset({"pod", "name", "engines", "fault", "style", "api_server", "socket"})
+TARGET_KEYS = frozenset(
+    {"kind", "pod", "name", "engines", "fault", "style", "api_server", "socket"}
+)
 ENGINE_KEYS = frozenset(
     {
         "model_name",
@@ -167,7 +170,7 @@ PHASE_KEYS = frozenset(
         "pods",
         "add_pods",
         "allocations",
-        "vllm",
+        "engines",
         "kubernetes_fault",
         "podresources_fault",
         "ray_serve",
@@ -177,7 +180,9 @@ PHASE_KEYS = frozenset(
 GPU_PATCH_KEYS = GPU_KEYS - {"uuid", "index"}
 PROCESS_PATCH_KEYS = PROCESS_KEYS - {"pid"}
 POD_PATCH_KEYS = POD_KEYS - {"namespace", "name"}
-VLLM_PATCH_KEYS = VLLM_KEYS - {"pod", "name"}
+TARGET_PATCH_KEYS = TARGET_KEYS - {"kind", "pod", "name"}
+# Keys older scenario files used, read as their new names.
+ALIASES: Mapping[str, str] = {"vllm": "engines"}
 
 # Where each key set applies, as docs/scenarios.md heads its reference tables.
 OBJECT_KEYS: Mapping[str, frozenset[str]] = {
@@ -193,8 +198,8 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
     "kubernetes.pods[].pending": PENDING_KEYS,
     "podresources": PODRESOURCES_KEYS,
     "podresources.allocations[]": ALLOCATION_KEYS,
-    "vllm[]": VLLM_KEYS,
-    "vllm[].engines[]": ENGINE_KEYS,
+    "engines[]": TARGET_KEYS,
+    "engines[].engines[]": ENGINE_KEYS,
     "ray": RAY_KEYS,
     "ray.nodes[]": RAY_NODE_KEYS,
     "ray.actors[]": RAY_ACTOR_KEYS,
@@ -211,7 +216,7 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
     "phases[].gpus.<uuid>": GPU_PATCH_KEYS,
     "phases[].processes.<pid>": PROCESS_PATCH_KEYS,
     "phases[].pods.<namespace/name>": POD_PATCH_KEYS,
-    "phases[].vllm.<namespace/name>": VLLM_PATCH_KEYS,
+    "phases[].engines.<namespace/name>": TARGET_PATCH_KEYS,
 }
 
 
@@ -321,9 +326,10 @@ class SimEngine:
 
 
 @dataclass(frozen=True)
-class SimVllm:
-    """One vLLM API server's /metrics: in a pod (`pod: ns/name`) or a static target."""
+class SimEngineServer:
+    """One engine API server's /metrics: in a pod (`pod: ns/name`) or a static target."""
 
+    kind: str  # an engine kind (gpuledger.engines)
     key: str  # its name, else the pod's ns/name, else static-<n>
     pod: str | None
     engines: tuple[SimEngine, ...]
@@ -414,7 +420,7 @@ class SimRayJob:
     id: str  # Ray's job id, 8 hex digits
     driver_node: str  # a SimRayNode name
     driver_pid: int  # the EngineCore's PID in its Ray pod's namespace
-    entrypoint: str  # the driver's title: VLLM::EngineCore[_DP<r>]
+    entrypoint: str  # the driver's title: its kind's engine core, e.g. with a DP rank
     status: str  # RUNNING | SUCCEEDED | FAILED | STOPPED
     executor: str  # ray (RayWorkerProc, RayExecutorV2) | legacy (RayWorkerWrapper)
     workers: tuple[SimRayWorker, ...]
@@ -444,7 +450,7 @@ class Phase:
     pods: Mapping[str, Mapping[str, Any] | None] = field(default_factory=frozen_map)
     add_pods: tuple[Mapping[str, Any], ...] = ()
     allocations: tuple[SimAllocation, ...] | None = None
-    vllm: Mapping[str, Mapping[str, Any]] = field(default_factory=frozen_map)
+    engines: Mapping[str, Mapping[str, Any]] = field(default_factory=frozen_map)
     kubernetes_fault: str | None = None
     podresources_fault: str | None = None
     # A whole `ray.serve` that replaces the scenario's from this phase on.
@@ -466,7 +472,7 @@ class Scenario:
     kubernetes_fault: str = "ok"
     allocations: tuple[SimAllocation, ...] | None = None
     podresources_fault: str = "ok"
-    vllm: tuple[SimVllm, ...] = ()
+    engines: tuple[SimEngineServer, ...] = ()
     ray: SimRay | None = None
 
     def at_phase(self, name: str | None) -> Scenario:
@@ -693,7 +699,7 @@ def _process(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> SimProcess:
 
 KUBERNETES_FAULTS = ("ok", "refuse", "http_500", "forbidden", "unauthorized", "hang")
 PODRESOURCES_FAULTS = ("ok", "unavailable", "hang", "missing")
-VLLM_FAULTS = ("ok", "hang", "refuse", "http_500", "garbage", "truncated", "huge", "slow")
+ENGINE_FAULTS = ("ok", "hang", "refuse", "http_500", "garbage", "truncated", "huge", "slow")
 
 
 def _str_map(value: object, at: _Path) -> dict[str, str]:
@@ -793,15 +799,28 @@ def _engine(doc: object, at: _Path) -> SimEngine:
     )
 
 
-def _vllm(doc: object, at: _Path, position: int) -> SimVllm:
+def _aliased(d: Mapping[str, Any], at: _Path) -> Mapping[str, Any]:
+    """`d` with older keys (ALIASES) under their new names."""
+    found = {old: new for old, new in ALIASES.items() if old in d}
+    for old, new in found.items():
+        if new in d:
+            raise (at / old).fail(f"only one of {old} and {new} (the same list)", d[old])
+    return {found.get(k, k): v for k, v in d.items()}
+
+
+def _engine_server(doc: object, at: _Path, position: int, kind: str | None) -> SimEngineServer:
+    """An `engines` entry; `kind` is given for the alias's entries, which have none."""
     d = _mapping(doc, at)
-    _check_keys(d, VLLM_KEYS, at)
+    _check_keys(d, TARGET_KEYS, at)
+    kind = kind or _str(d.get("kind"), at / "kind", f"one of {', '.join(BY_NAME)}")
+    if kind not in BY_NAME:
+        raise (at / "kind").fail(f"one of {', '.join(BY_NAME)}", kind)
     pod = d.get("pod")
     if pod is not None and (not isinstance(pod, str) or pod.count("/") != 1):
         raise (at / "pod").fail("namespace/name of a pod under kubernetes.pods", pod)
     fault = d.get("fault", "ok")
-    if fault not in VLLM_FAULTS:
-        raise (at / "fault").fail(f"one of {', '.join(VLLM_FAULTS)}", fault)
+    if fault not in ENGINE_FAULTS:
+        raise (at / "fault").fail(f"one of {', '.join(ENGINE_FAULTS)}", fault)
     style = str(d.get("style", "0.32"))
     if style not in ("0.32", "0.10"):
         raise (at / "style").fail("0.32 or 0.10", style)
@@ -814,7 +833,8 @@ def _vllm(doc: object, at: _Path, position: int) -> SimVllm:
     socket = d.get("socket", "readable")
     if socket not in ("readable", "unreadable"):
         raise (at / "socket").fail("readable or unreadable", socket)
-    return SimVllm(
+    return SimEngineServer(
+        kind=kind,
         key=name or (pod if isinstance(pod, str) else f"static-{position}"),
         pod=pod if isinstance(pod, str) else None,
         engines=engines,
@@ -898,7 +918,7 @@ def _ray_job(doc: object, at: _Path, names: set[str], position: int) -> SimRayJo
         id=job_id,
         driver_node=_ray_node_name(driver.get("node"), at / "driver" / "node", names),
         driver_pid=_int(driver.get("pid"), at / "driver" / "pid", 1),
-        entrypoint=_str(d.get("entrypoint", "VLLM::EngineCore"), at / "entrypoint"),
+        entrypoint=_str(d.get("entrypoint", DEFAULT_RAY_DRIVER), at / "entrypoint"),
         status=_str(d.get("status", "RUNNING"), at / "status"),
         executor=executor,
         workers=tuple(workers),
@@ -1083,7 +1103,7 @@ def _phase_fault(d: Mapping[str, Any], key: str, faults: tuple[str, ...], at: _P
 
 
 def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
-    d = _mapping(doc, at)
+    d = _aliased(_mapping(doc, at), at)
     _check_keys(d, PHASE_KEYS, at)
     gpu_patches: dict[str, Mapping[str, Any]] = {}
     known = {g.uuid: g for g in gpus}
@@ -1107,12 +1127,12 @@ def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
         str(key): _patch(patch, at / "pods" / str(key), POD_PATCH_KEYS)
         for key, patch in _mapping(d.get("pods") or {}, at / "pods").items()
     }
-    vllm_patches = {
-        str(key): _mapping(patch, at / "vllm" / str(key))
-        for key, patch in _mapping(d.get("vllm") or {}, at / "vllm").items()
+    engine_patches = {
+        str(key): _mapping(patch, at / "engines" / str(key))
+        for key, patch in _mapping(d.get("engines") or {}, at / "engines").items()
     }
-    for key, patch in vllm_patches.items():
-        _check_keys(patch, VLLM_PATCH_KEYS, at / "vllm" / key)
+    for key, patch in engine_patches.items():
+        _check_keys(patch, TARGET_PATCH_KEYS, at / "engines" / key)
     allocations = None
     if "allocations" in d:
         allocations = tuple(
@@ -1137,7 +1157,7 @@ def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
         pods=frozen_map(pod_patches),
         add_pods=add_pods,
         allocations=allocations,
-        vllm=frozen_map(vllm_patches),
+        engines=frozen_map(engine_patches),
         kubernetes_fault=_phase_fault(d, "kubernetes_fault", KUBERNETES_FAULTS, at),
         podresources_fault=_phase_fault(d, "podresources_fault", PODRESOURCES_FAULTS, at),
         ray_serve=_serve(d["ray_serve"], at / "ray_serve", None) if d.get("ray_serve") else None,
@@ -1186,16 +1206,18 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
             _pod(p, at / "add_pods" / i, state.node) for i, p in enumerate(phase.add_pods)
         )
         pods = tuple(patched)
-    vllm = tuple(
-        _vllm({**v.raw, **phase.vllm[v.key]}, at / "vllm" / v.key, i) if v.key in phase.vllm else v
-        for i, v in enumerate(state.vllm)
+    engines = tuple(
+        _engine_server({**v.raw, **phase.engines[v.key]}, at / "engines" / v.key, i, v.kind)
+        if v.key in phase.engines
+        else v
+        for i, v in enumerate(state.engines)
     )
     return replace(
         state,
         gpus=tuple(gpus),
         processes=tuple(processes),
         pods=pods,
-        vllm=vllm,
+        engines=engines,
         allocations=phase.allocations if phase.allocations is not None else state.allocations,
         kubernetes_fault=phase.kubernetes_fault or state.kubernetes_fault,
         podresources_fault=phase.podresources_fault or state.podresources_fault,
@@ -1207,7 +1229,8 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
 
 def parse_scenario(doc: object, source: str) -> Scenario:
     at = _Path(source)
-    d = _mapping(doc, at, "a YAML mapping with keys node, gpus, processes, …")
+    given = _mapping(doc, at, "a YAML mapping with keys node, gpus, processes, …")
+    d = _aliased(given, at)
     _check_keys(d, TOP_KEYS, at)
     node = _str(d.get("node", "sim-node"), at / "node")
     mode = d.get("mode", "node")
@@ -1235,19 +1258,22 @@ def parse_scenario(doc: object, source: str) -> Scenario:
     allocations, pr_fault = (None, "ok")
     if d.get("podresources") is not None:
         allocations, pr_fault = _podresources(d.get("podresources"), at / "podresources")
-    vllm = tuple(
-        _vllm(v, at / "vllm" / i, i) for i, v in enumerate(_list(d.get("vllm"), at / "vllm"))
+    # The alias's entries are vLLM's, which they were before other kinds.
+    alias_kind = KINDS[0].name if "engines" not in given else None
+    engines = tuple(
+        _engine_server(v, at / "engines" / i, i, alias_kind)
+        for i, v in enumerate(_list(d.get("engines"), at / "engines"))
     )
     known_pods = {p.key for p in pods or ()}
-    for i, v in enumerate(vllm):
+    for i, v in enumerate(engines):
         if v.pod is not None and v.pod not in known_pods:
-            raise (at / "vllm" / i / "pod").fail(
+            raise (at / "engines" / i / "pod").fail(
                 "namespace/name of a pod under kubernetes.pods", v.pod
             )
         if v.api_server is not None and v.api_server not in {p.pid for p in processes}:
-            raise (at / "vllm" / i / "api_server").fail("the PID of a process", v.api_server)
+            raise (at / "engines" / i / "api_server").fail("the PID of a process", v.api_server)
     # Two targets of one pod need names: phases find an entry by it.
-    _unique([v.key for v in vllm], at / "vllm", "entries per pod (name the others)")
+    _unique([v.key for v in engines], at / "engines", "entries per pod (name the others)")
     ray = _ray(d.get("ray"), at / "ray") if d.get("ray") is not None else None
     for i, rn in enumerate(ray.nodes if ray else ()):
         if rn.pod is not None and rn.pod not in known_pods:
@@ -1262,7 +1288,7 @@ def parse_scenario(doc: object, source: str) -> Scenario:
         kubernetes_fault=k8s_fault,
         allocations=allocations,
         podresources_fault=pr_fault,
-        vllm=vllm,
+        engines=engines,
         source=source,
         node=node,
         description=str(d.get("description", "")),

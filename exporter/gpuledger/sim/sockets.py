@@ -1,6 +1,6 @@
-"""The synthetic /proc's sockets: each vLLM API server listens on its target's port.
+"""The synthetic /proc's sockets: each engine API server listens on its target's port.
 
-For every `vllm` entry of a scenario, its API server (`api_server`, else the only one in
+For every `engines` entry of a scenario, its API server (`api_server`, else the only one in
 its pod, or among the host's processes for a static target) gets what the procfs source
 reads (sources/procfs/sockets.py), in the kernel's formats (identity/sockets.py):
 `ns/net` -> `net:[<inode>]`, one per pod and one for the host; `fd/3…` ->
@@ -18,10 +18,22 @@ import sys
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
+from gpuledger.engines import is_engine_title
 from gpuledger.identity.cgroup import parse_cgroup_file
-from gpuledger.sim.fake_vllm import FakeVllmServer
-from gpuledger.sim.scenario import Scenario, SimProcess, SimVllm
+from gpuledger.sim.scenario import Scenario, SimEngineServer, SimProcess
+
+
+class Listening(Protocol):
+    """A fake engine server, as far as its sockets go."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
 
 HOST_NETNS = 4026531840  # the inode Linux gives the initial network namespace
 _FIRST_INODE = 700_000
@@ -39,22 +51,25 @@ def _pod_uid(proc: SimProcess) -> str:
 
 
 def _api_servers(processes: Mapping[int, SimProcess], pod_uid: str) -> list[int]:
-    """The nearest non-`VLLM::` ancestor of each `VLLM::` process of the pod (or host)."""
+    """The nearest ancestor of each engine-retitled process of the pod (or host) that
+    is not one itself."""
     found: set[int] = set()
     for proc in processes.values():
-        if _pod_uid(proc) != pod_uid or not proc.cmdline[0].startswith("VLLM::"):
+        if _pod_uid(proc) != pod_uid or not is_engine_title(proc.cmdline[0]):
             continue
         current: SimProcess | None = proc
         for _ in range(64):
             current = processes.get(current.ppid) if current is not None else None
-            if current is None or not current.cmdline[0].startswith("VLLM::"):
+            if current is None or not is_engine_title(current.cmdline[0]):
                 break
         if current is not None:
             found.add(current.pid)
     return sorted(found)
 
 
-def _server_of(sim: SimVllm, state: Scenario, processes: Mapping[int, SimProcess]) -> int | None:
+def _server_of(
+    sim: SimEngineServer, state: Scenario, processes: Mapping[int, SimProcess]
+) -> int | None:
     if sim.api_server is not None:
         return sim.api_server if sim.api_server in processes else None
     pods = {p.key: p.uid for p in state.pods or ()}
@@ -63,14 +78,14 @@ def _server_of(sim: SimVllm, state: Scenario, processes: Mapping[int, SimProcess
 
 
 def listening(
-    state: Scenario, servers: Mapping[str, FakeVllmServer]
+    state: Scenario, servers: Mapping[str, Listening]
 ) -> tuple[dict[int, list[Listener]], set[int]]:
     """API server PID -> the sockets it listens on, and the PIDs whose sockets are
     unreadable."""
     processes = {p.pid: p for p in state.processes}
     found: dict[int, list[Listener]] = defaultdict(list)
     hidden: set[int] = set()
-    for i, sim in enumerate(state.vllm):
+    for i, sim in enumerate(state.engines):
         pid = _server_of(sim, state, processes)
         server = servers.get(sim.key)
         if pid is None or server is None:
@@ -81,7 +96,7 @@ def listening(
     return dict(found), hidden
 
 
-def write_sockets(root: Path, state: Scenario, servers: Mapping[str, FakeVllmServer]) -> None:
+def write_sockets(root: Path, state: Scenario, servers: Mapping[str, Listening]) -> None:
     """Give the synthetic proc root's API servers their sockets (and take them from
     every other process)."""
     by_pid, hidden = listening(state, servers)
