@@ -88,7 +88,7 @@ class Run:
             wanted |= {"nvml", "procfs"}
             if config.podresources_socket and self.scenario.podresources_fault == "ok":
                 wanted.add("podresources")
-            if self.scenario.vllm:
+            if self.scenario.engines:
                 wanted.add("vllm")
         return wanted
 
