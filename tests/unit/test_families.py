@@ -12,7 +12,7 @@ from gpuledger.export import families as F
 from gpuledger.export.collector import dropped_series
 from gpuledger.export.published import Published
 from gpuledger.ledger import EngineGpu, Ledger, Overflow
-from gpuledger.model.vllm import EngineMetrics
+from gpuledger.model.engines import EngineMetrics
 from tests.unit.ledger_inputs import (
     allocations,
     exposition,

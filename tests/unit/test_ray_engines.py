@@ -13,16 +13,9 @@ from typing import Any
 
 import pytest
 
+from gpuledger.engines.ray import engine_dp_rank, is_worker, worker_ranks
 from gpuledger.export.collector import dropped_series
-from gpuledger.identity.rayjobs import (
-    RayEngineId,
-    WorkerRanks,
-    driver_node,
-    engine_dp_rank,
-    engine_id,
-    is_worker,
-    worker_ranks,
-)
+from gpuledger.identity.rayjobs import RayEngineId, WorkerRanks, driver_node, engine_id
 from gpuledger.ledger import caps
 from gpuledger.model.engines import EnginesSnapshot, EngineTarget
 from gpuledger.model.ray import LocalRayNode, RayActor, RayJob, RayNode, RaySnapshot

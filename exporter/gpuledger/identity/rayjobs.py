@@ -2,7 +2,8 @@
 
 On the Ray executor an engine's core process is the driver of a Ray job
 (`driver_info.pid` = its PID, the entrypoint its title) and its workers are actors of
-that job, of the classes and names its kind's RayExecutor describes (gpuledger.engines).
+that job, of the classes and names its kind's RayExecutor describes (engines/ray.py
+recognises them).
 
 The engine's identity on every node is (job id, driver's node id): both come from Ray's
 state API, which every node agent reads alike, and outlive an agent's restart. A job id
@@ -12,17 +13,10 @@ two Ray clusters' job `01000000` stay apart and a restarted engine is a new job.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
 
-from gpuledger.engines import KINDS
-from gpuledger.engines.kinds import RayExecutor, title_ranks
-from gpuledger.model.ray import RayActor, RayJob, RayNode
-
-_EXECUTORS: Final[tuple[RayExecutor, ...]] = tuple(k.ray for k in KINDS if k.ray is not None)
-WORKER_CLASSES: Final = frozenset(c for x in _EXECUTORS for c in x.worker_classes)
+from gpuledger.model.ray import RayJob, RayNode
 
 
 @dataclass(frozen=True, order=True)
@@ -40,35 +34,6 @@ class WorkerRanks:
 
     tp: int | None
     pp: int | None
-
-
-def engine_dp_rank(job: RayJob) -> int | None:
-    """The data-parallel rank of an engine core driver (0 without a rank in its title);
-    None when the job's driver is not an engine core."""
-    for executor in _EXECUTORS:
-        match = executor.driver_title.match(job.entrypoint_title)
-        if match is not None:
-            return int(match.group(1) or 0)
-    return None
-
-
-def _worker_name(name: str | None) -> re.Match[str] | None:
-    matches = (x.worker_name.match(name) for x in _EXECUTORS if name is not None)
-    return next((m for m in matches if m is not None), None)
-
-
-def is_worker(actor: RayActor) -> bool:
-    return actor.class_name in WORKER_CLASSES or _worker_name(actor.name) is not None
-
-
-def worker_ranks(actor: RayActor) -> WorkerRanks:
-    """A named worker's TP and PP ranks (PP 0 where the name has none, as engines name
-    it only when pipeline parallel); an unnamed legacy worker -> unknown."""
-    match = _worker_name(actor.name)
-    if match is None:
-        return WorkerRanks(None, None)
-    parts = title_ranks(match.group(2))
-    return WorkerRanks(parts.get("TP", 0), parts.get("PP", 0))
 
 
 def driver_node(job: RayJob, nodes: Iterable[RayNode]) -> RayNode | None:

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from gpuledger.identity.rayjobs import RayEngineId, WorkerRanks, engine_id, is_worker, worker_ranks
+from gpuledger.engines.ray import is_worker, worker_ranks
+from gpuledger.identity.rayjobs import RayEngineId, WorkerRanks, engine_id
 from gpuledger.ledger import caps
 from gpuledger.model import frozen_map
 from gpuledger.model.kubernetes import PodInfo

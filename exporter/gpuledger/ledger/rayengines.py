@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Final
 
 from gpuledger.engines import parse_engine_title
 from gpuledger.engines.kinds import ENGINE_CORE
-from gpuledger.identity.rayjobs import RayEngineId, driver_node, engine_dp_rank, is_worker
+from gpuledger.engines.ray import engine_dp_rank, is_worker
+from gpuledger.identity.rayjobs import RayEngineId, driver_node
 from gpuledger.model import frozen_map
 from gpuledger.model.procfs import ProcessInfo
 from gpuledger.model.ray import LocalRayNode, RayActor, RayJob, RayNode, RayPlacementGroup

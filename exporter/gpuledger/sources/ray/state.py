@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from gpuledger.identity.rayjobs import driver_node, engine_dp_rank
+from gpuledger.engines.ray import engine_dp_rank
+from gpuledger.identity.rayjobs import driver_node
 from gpuledger.identity.raynodes import PodNodes
 from gpuledger.identity.urls import safe_url
 from gpuledger.model import Snapshots, frozen_map
