@@ -78,7 +78,7 @@ def _jsonnet() -> Any:
 def mixin_config() -> dict[str, Any]:
     """The mixin's `_config` (config.libsonnet)."""
     text = _jsonnet().evaluate_snippet(
-        "config", "(import 'mixin.libsonnet')._config", jpathdir=[str(REPO)]
+        "config", "(import 'mixin.libsonnet')._config", jpathdir=[str(REPO / "mixin")]
     )
     return json.loads(text)  # type: ignore[no-any-return]
 
@@ -86,7 +86,7 @@ def mixin_config() -> dict[str, Any]:
 def zero_for_rules() -> list[dict[str, Any]]:
     """The mixin's rule groups (recording rules + alerts) with every `for` set to 0s.
 
-    The `for` boundaries themselves are tested by promtool (alerts/tests); here an alert
+    The `for` boundaries themselves are tested by promtool (mixin/tests); here an alert
     fires on the first evaluation its condition holds, so a test need not wait minutes.
     """
     durations = sorted(k for k in mixin_config() if k.endswith("For"))
@@ -97,7 +97,7 @@ def zero_for_rules() -> list[dict[str, Any]]:
         "mixin.prometheusRules.groups + mixin.prometheusAlerts.groups\n"
     )
     groups: list[dict[str, Any]] = json.loads(
-        _jsonnet().evaluate_snippet("zero-for", snippet, jpathdir=[str(REPO)])
+        _jsonnet().evaluate_snippet("zero-for", snippet, jpathdir=[str(REPO / "mixin")])
     )
     alerts = [rule for group in groups for rule in group["rules"] if "alert" in rule]
     assert alerts, "the mixin renders no alerts"

@@ -9,7 +9,7 @@ A real Prometheus (Debian package `prometheus`) scrapes, every second:
 - a static endpoint in this process standing in for dcgm-exporter and kube-state-metrics
   (whose node capacity says both nodes have GPUs: GpuLedgerExporterDown counts them),
 and evaluates, every second, the mixin's recording rules and alerts rendered with every
-`for` at 0s (the `for` boundaries are promtool's job: alerts/tests). Every target carries
+`for` at 0s (the `for` boundaries are promtool's job: mixin/tests). Every target carries
 the config's `clusterLabel` and a job the config's `gpuledgerSelector` matches; the node and
 cluster agents' jobs are the Helm chart's, which `gpuledgerNodeSelector` and
 `gpuledgerClusterSelector` expect.
@@ -61,8 +61,8 @@ SCENARIOS = REPO / "tests" / "fixtures" / "scenarios"
 NODE_SCENARIO = SCENARIOS / "e2e-node.yaml"
 CLUSTER_SCENARIO = SCENARIOS / "e2e-cluster.yaml"
 PHASES_SCENARIO = SCENARIOS / "e2e-phases.yaml"
-DASHBOARDS = REPO / "dashboards"
-# The stage of every workload, one series per stage (alerts/rules.libsonnet).
+DASHBOARDS = REPO / "mixin" / "rendered" / "dashboards"
+# The stage of every workload, one series per stage (mixin/rules/rules.libsonnet).
 STAGE_SERIES = "namespace_workload_stage:gpuledger_stage_code:onehot"
 # The node-mode DaemonSet's job, as the Helm chart names it.
 NODE_JOB = "gpuledger-node"

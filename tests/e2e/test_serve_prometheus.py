@@ -1,6 +1,6 @@
 """Ray Serve end to end: `gpuledger simulate` of tests/fixtures/scenarios/serve-router-queue.yaml
 scraped by a real Prometheus running the mixin's rules (every `for` 0s; the `for` boundaries
-are promtool's, alerts/tests/serve.jsonnet).
+are promtool's, mixin/tests/serve.jsonnet).
 
 As the scenario moves through its phases, the workload `serving/llm` must be:
 a router queue while the replicas idle -> stage routing (serve_router_queue) and only

@@ -474,7 +474,7 @@ def test_selectors_match_their_pods_and_services_select_them(scenario: str) -> N
 
 
 def test_scrape_jobs_match_the_mixin_selector() -> None:
-    rules = (REPO / "alerts" / "gpuledger.rules.yaml").read_text()
+    rules = (REPO / "mixin" / "rendered" / "gpuledger.rules.yaml").read_text()
     assert 'job=~"gpuledger.*"' in rules, "the mixin's job selector changed: update this test"
     for service in of_kind(render(), "Service"):
         assert MIXIN_JOB_SELECTOR.fullmatch(service["metadata"]["labels"]["gpuledger.io/job"])
@@ -557,13 +557,13 @@ def test_user_relabelings_follow_the_chart_ones() -> None:
 def test_prometheus_rule_holds_exactly_the_mixin_rules() -> None:
     rule = one(render("kube-prometheus-stack-values.yaml"), "PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    mixin = yaml.safe_load((REPO / "alerts" / "gpuledger.rules.yaml").read_text())
+    mixin = yaml.safe_load((REPO / "mixin" / "rendered" / "gpuledger.rules.yaml").read_text())
     assert rule["spec"]["groups"] == mixin["groups"]
 
 
 def test_dashboards_are_the_mixin_dashboards_for_the_grafana_sidecar() -> None:
     configmaps = of_kind(render("kube-prometheus-stack-values.yaml"), "ConfigMap")
-    sources = sorted((REPO / "dashboards").glob("*.json"))
+    sources = sorted((REPO / "mixin" / "rendered" / "dashboards").glob("*.json"))
     assert len(configmaps) == len(sources) > 0
     by_key = {}
     for configmap in configmaps:

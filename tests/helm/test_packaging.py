@@ -276,7 +276,7 @@ def test_chart_copies_of_rules_and_dashboards_are_up_to_date() -> None:
 
 def test_chart_copies_equal_the_mixin_files() -> None:
     files = CHART / "files"
-    sources = sorted((REPO / "dashboards").glob("*.json"))
+    sources = sorted((REPO / "mixin" / "rendered" / "dashboards").glob("*.json"))
     assert sources
     assert sorted(p.name for p in (files / "dashboards").glob("*.json")) == [
         p.name for p in sources
@@ -284,7 +284,7 @@ def test_chart_copies_equal_the_mixin_files() -> None:
     for source in sources:
         assert (files / "dashboards" / source.name).read_bytes() == source.read_bytes()
     copy = (files / "rules" / "gpuledger.rules.yaml").read_text()
-    source_rules = (REPO / "alerts" / "gpuledger.rules.yaml").read_text()
+    source_rules = (REPO / "mixin" / "rendered" / "gpuledger.rules.yaml").read_text()
     assert copy.startswith("# Copied by scripts/sync-chart")
     assert copy.endswith(source_rules)
     assert yaml.safe_load(copy) == yaml.safe_load(source_rules)
@@ -292,12 +292,11 @@ def test_chart_copies_equal_the_mixin_files() -> None:
 
 def test_sync_chart_reports_and_repairs_a_stale_copy(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    for part in ("alerts/gpuledger.rules.yaml", "scripts/sync-chart"):
+    for part in ("mixin/rendered/gpuledger.rules.yaml", "scripts/sync-chart"):
         (repo / part).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / part, repo / part)
-    shutil.copytree(
-        REPO / "dashboards", repo / "dashboards", ignore=shutil.ignore_patterns("*.libsonnet")
-    )
+    dashboards = repo / "mixin" / "rendered" / "dashboards"
+    shutil.copytree(REPO / "mixin" / "rendered" / "dashboards", dashboards)
     shutil.copytree(CHART / "files", repo / "helm" / "gpuledger" / "files")
     script = [sys.executable, str(repo / "scripts" / "sync-chart")]
 
@@ -307,10 +306,10 @@ def test_sync_chart_reports_and_repairs_a_stale_copy(tmp_path: Path) -> None:
     subprocess.run(script, capture_output=True, check=True)
     assert check().returncode == 0
     # The mixin changes (a dashboard edited, one added, one removed): --check notices.
-    first, *_ = sorted((repo / "dashboards").glob("*.json"))
+    first, *_ = sorted(dashboards.glob("*.json"))
     first.write_text(first.read_text().replace('"gpuledger"', '"gpuledger-changed"', 1))
-    (repo / "dashboards" / "gpuledger-new.json").write_text("{}\n")
-    removed = sorted((repo / "dashboards").glob("*.json"))[-1]
+    (dashboards / "gpuledger-new.json").write_text("{}\n")
+    removed = sorted(dashboards.glob("*.json"))[-1]
     removed.unlink()
     stale = check()
     assert stale.returncode == 1

@@ -1,7 +1,7 @@
 // A synthetic cluster in which every dashboard panel has something to show: input series
 // for the promtool test of tests/mixin/test_dashboards.py (evaluated with the rules).
-local f = import 'alerts/tests/fixtures.libsonnet';
-local t = import 'alerts/tests/lib.libsonnet';
+local f = import 'tests/fixtures.libsonnet';
+local t = import 'tests/lib.libsonnet';
 
 local node = f.nodeExporter;
 local gpus = ['GPU-a', 'GPU-b', 'GPU-x', 'GPU-w1'];

@@ -16,9 +16,10 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "alerts" / "gpuledger.rules.yaml"
-TESTS_DIR = REPO / "alerts" / "tests"
-DASHBOARDS_DIR = REPO / "dashboards"
+MIXIN = REPO / "mixin"
+RULES = MIXIN / "rendered" / "gpuledger.rules.yaml"
+TESTS_DIR = MIXIN / "tests"
+DASHBOARDS_DIR = MIXIN / "rendered" / "dashboards"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 ALERTMANAGER_EXAMPLE = REPO / "docs" / "alertmanager-example.yaml"
 
@@ -141,7 +142,7 @@ def config() -> dict[str, Any]:
     import _jsonnet
 
     text = _jsonnet.evaluate_snippet(
-        "config", "(import 'mixin.libsonnet')._config", jpathdir=[str(REPO)]
+        "config", "(import 'mixin.libsonnet')._config", jpathdir=[str(REPO / "mixin")]
     )
     return json.loads(text)  # type: ignore[no-any-return]
 
@@ -149,7 +150,7 @@ def config() -> dict[str, Any]:
 def evaluate_jsonnet(path: Path) -> Any:
     import _jsonnet
 
-    return json.loads(_jsonnet.evaluate_file(str(path), jpathdir=[str(REPO)]))
+    return json.loads(_jsonnet.evaluate_file(str(path), jpathdir=[str(REPO / "mixin")]))
 
 
 @functools.cache
@@ -162,7 +163,7 @@ def alerts() -> list[dict[str, Any]]:
     return [r for g in rule_groups() for r in g["rules"] if "alert" in r]
 
 
-# Old recording rule names kept for one release (alerts/aliases.libsonnet).
+# Old recording rule names kept for one release (mixin/rules/aliases.libsonnet).
 ALIAS_GROUP = "gpuledger.deprecated_aliases"
 
 

@@ -37,7 +37,7 @@ def _variant() -> dict:
     render_module()  # asserts the jsonnet binding is there
     import _jsonnet
 
-    return json.loads(_jsonnet.evaluate_snippet("variant", VARIANT, jpathdir=[str(REPO)]))
+    return json.loads(_jsonnet.evaluate_snippet("variant", VARIANT, jpathdir=[str(REPO / "mixin")]))
 
 
 def test_multi_cluster_variant_is_valid(tmp_path: Path) -> None:

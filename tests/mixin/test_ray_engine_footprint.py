@@ -187,7 +187,7 @@ def test_a_missing_node_agent_leaves_the_footprint_unknown(tmp_path: Path) -> No
 
 
 RAY_EXECUTOR_ROW = "Engines on the Ray executor: footprint across nodes"
-WAITING = REPO / "dashboards" / "gpuledger-where-waiting.json"
+WAITING = REPO / "mixin" / "rendered" / "dashboards" / "gpuledger-where-waiting.json"
 
 
 def ray_executor_panels() -> dict[str, list[str]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.mixin.helpers import DASHBOARDS_DIR, REPO, TESTS_DIR, rendered, run, tool
 
-JSONNET_ROOTS = ["mixin.libsonnet", "config.libsonnet", "alerts", "dashboards", "tests/mixin"]
+JSONNET_ROOTS = ["mixin", "tests/mixin"]
 
 
 def _jsonnet_files() -> list[Path]:
@@ -58,9 +58,10 @@ def test_render_script_check_mode() -> None:
 
 def test_rendered_outputs_exist() -> None:
     names = {str(p) for p in rendered()}
-    assert "alerts/gpuledger.rules.yaml" in names
-    assert sum(n.startswith("dashboards/") for n in names) >= 4
-    assert sum(n.startswith("alerts/tests/") for n in names) >= 5
+    assert "mixin/rendered/gpuledger.rules.yaml" in names
+    assert sum(n.startswith("mixin/rendered/dashboards/") for n in names) >= 4
+    assert sum(n.startswith("mixin/tests/") for n in names) >= 5
+    assert "mixin/lib/stages.json" in names
 
 
 def test_jsonnet_is_formatted() -> None:

@@ -37,7 +37,7 @@ from tests.mixin.helpers import (
 
 def _test_files() -> list[Path]:
     files = sorted(TESTS_DIR.glob("*.yaml"))
-    assert files, "no promtool tests in alerts/tests"
+    assert files, "no promtool tests in mixin/tests"
     return files
 
 
@@ -194,7 +194,7 @@ def test_deprecated_aliases_are_a_setting() -> None:
             f" + {{ _config+:: {{ deprecatedRecordingRuleAliases: {value} }} }};"
             " [g.name for g in m.prometheusRules.groups]"
         )
-        return json.loads(_jsonnet.evaluate_snippet("aliases", snippet, jpathdir=[str(REPO)]))
+        return json.loads(_jsonnet.evaluate_snippet("aliases", snippet, jpathdir=[str(REPO / "mixin")]))
 
     assert config()["deprecatedRecordingRuleAliases"] is True
     assert groups("true")[-1] == ALIAS_GROUP
@@ -311,7 +311,7 @@ def test_exporter_down_without_the_optional_parts() -> None:
         " [r.expr for g in m.prometheusAlerts.groups for r in g.rules"
         " if r.alert == 'GpuLedgerExporterDown'][0]"
     )
-    expr = json.loads(_jsonnet.evaluate_snippet("down", snippet, jpathdir=[str(REPO)]))
+    expr = json.loads(_jsonnet.evaluate_snippet("down", snippet, jpathdir=[str(REPO / "mixin")]))
     assert expr == 'up{job=~"gpuledger.*"} == 0\nor\nabsent(up{job="gpuledger-node"})\n'
 
 

@@ -97,7 +97,7 @@ def _rules(overrides: str) -> list[dict[str, Any]]:
     import _jsonnet
 
     snippet = f"((import 'mixin.libsonnet') + {overrides}).prometheusRules.groups"
-    return json.loads(_jsonnet.evaluate_snippet("variant", snippet, jpathdir=[str(REPO)]))  # type: ignore[no-any-return]
+    return json.loads(_jsonnet.evaluate_snippet("variant", snippet, jpathdir=[str(REPO / "mixin")]))  # type: ignore[no-any-return]
 
 
 def _mismatches_on(part: Part, overrides: str, t: Thresholds | None = None) -> list[str]:

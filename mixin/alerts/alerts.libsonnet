@@ -11,7 +11,7 @@
 //
 // Placement and engine queueing never fire together for one workload: the startup, routing
 // and engine alerts only fire while the workload is in their stage, a workload is in one
-// stage at a time (exporter/gpuledger/stages.json: pending_placement > starting > routing >
+// stage at a time (lib/stages.json: pending_placement > starting > routing >
 // engine_queueing > ...), and an engine alert fires only for an engine whose reason
 // (node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max) is the
 // alert's: what `gpuledger explain` says.
@@ -33,7 +33,7 @@
 
   // ------------------------------------------------------------------ next steps
   // The stage alerts' description ends with the next step `gpuledger explain` and the
-  // /ledger page print for the verdict (exporter/gpuledger/stages.json; explain/verdict.py's
+  // /ledger page print for the verdict (lib/stages.json; explain/verdict.py's
   // next_step_for): the reason's by_reason.<reason>.next_step, else the stage's. An alert
   // stands for the (stage, reason) verdicts whose runbook_alert it is. One verdict: its
   // step, verbatim. Several: a template switch on `subject` (a template expression that

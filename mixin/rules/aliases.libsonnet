@@ -1,7 +1,7 @@
 // The recording rules' names before this release, kept for one release as aliases.
 //
 // Until this release the recording rules were named `gpuledger:<what>:<aggregation>`; they
-// are now named `level:metric:operations` (alerts/rules.libsonnet; docs/mixin.md, "Recording
+// are now named `level:metric:operations` (rules/rules.libsonnet; docs/mixin.md, "Recording
 // rule names"). While `_config.deprecatedRecordingRuleAliases` is true, one more group,
 // `gpuledger.deprecated_aliases`, records every old name from its new one: the same series
 // with the same labels and values, one evaluation later at most (Prometheus runs groups
@@ -12,7 +12,7 @@
 //
 // The group and the setting will be removed in the next release.
 local renamed = [
-  // [old name, new name], in the order of alerts/rules.libsonnet.
+  // [old name, new name], in the order of rules/rules.libsonnet.
   ['gpuledger:workload_pods_pending_placement:sum', 'namespace_workload_reason:gpuledger_pod_pending_placement:sum'],
   ['gpuledger:workload_gpus_pending_placement:sum', 'namespace_workload:gpuledger_pod_pending_gpus:sum'],
   ['gpuledger:workload_ray_gpus_pending:sum', 'namespace_workload_kind:gpuledger_ray_pending_gpus:sum'],
@@ -54,7 +54,7 @@ local added = [
     if std.objectHas(r, 'record')
   ]),
   assert std.set([p[1] for p in renamed] + added) == recorded
-         : 'alerts/aliases.libsonnet must alias every recording rule of alerts/rules.libsonnet that had an old name (the others are `added`), and only those',
+         : 'rules/aliases.libsonnet must alias every recording rule of rules/rules.libsonnet that had an old name (the others are `added`), and only those',
 
   prometheusRules+:: {
     groups+: if !$._config.deprecatedRecordingRuleAliases then [] else [

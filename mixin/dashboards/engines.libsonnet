@@ -1,6 +1,6 @@
 // "Engines": per vLLM engine, requests running and waiting, KV-cache usage, preemptions,
 // its configuration and the GPUs its processes hold.
-local g = import 'lib.libsonnet';
+local g = import '../lib/dashboards.libsonnet';
 
 {
   grafanaDashboards+:: {

@@ -1,5 +1,5 @@
 // Helpers that turn scenarios into promtool rule-test files (scripts/render-mixin renders
-// every alerts/tests/*.jsonnet into the .yaml next to it).
+// every tests/*.jsonnet into the .yaml next to it).
 //
 // A scenario names the one alert it must fire (or none). For it, the rendered test checks
 // every alert of the mixin, not only the expected one:
@@ -9,7 +9,7 @@
 // so "fires exactly its alert" covers both sides of the `for:` boundary and every alert
 // that could have fired by mistake. Thresholds and `for` values come from the config,
 // so the tests follow a change of config.libsonnet.
-local mixin = import '../../mixin.libsonnet';
+local mixin = import '../mixin.libsonnet';
 
 local config = mixin._config;
 local stageDefs = { [s.stage]: s for s in mixin._stages.stages };
@@ -38,9 +38,9 @@ local samples = horizon + 10;
 local nodeTarget = { job: 'gpuledger-node', instance: '10.0.0.11:9402' };
 local clusterTarget = { job: 'gpuledger-cluster', instance: '10.0.0.5:9402' };
 assert config.gpuledgerNodeSelector == 'job="%s"' % nodeTarget.job
-       : 'alerts/tests/lib.libsonnet: nodeTarget must match gpuledgerNodeSelector';
+       : 'tests/lib.libsonnet: nodeTarget must match gpuledgerNodeSelector';
 assert config.gpuledgerClusterSelector == 'job="%s"' % clusterTarget.job
-       : 'alerts/tests/lib.libsonnet: clusterTarget must match gpuledgerClusterSelector';
+       : 'tests/lib.libsonnet: clusterTarget must match gpuledgerClusterSelector';
 
 // String concatenation rather than `%`: std.format is slow in the C++ jsonnet, and
 // scenarios build thousands of these.
@@ -50,7 +50,7 @@ local duration(minute) = std.toString(minute) + 'm';
 
 {
   config:: config,
-  // Stage definitions (exporter/gpuledger/stages.json) by name.
+  // Stage definitions (lib/stages.json) by name.
   stages:: stageDefs,
   alertNames:: std.objectFields(alertRules),
   horizon:: horizon,
@@ -74,7 +74,7 @@ local duration(minute) = std.toString(minute) + 'm';
   // Expected alerts ------------------------------------------------------------------
 
   // How a stage alert's description ends: the next step of the verdict (stage, reason) as
-  // exporter/gpuledger/stages.json words it for `gpuledger explain` and the /ledger page.
+  // lib/stages.json words it for `gpuledger explain` and the /ledger page.
   nextStep(stage, reason):: ' Next step: ' + std.get(std.get(stageDefs[stage], 'by_reason', {}), reason, stageDefs[stage]).next_step,
 
   // One firing alert: its labels (the rule's own labels are added) and its description
@@ -95,7 +95,7 @@ local duration(minute) = std.toString(minute) + 'm';
   //   fires:  [alert(...)] all of one alert name, or [] when nothing may fire
   //   stages: {'namespace/workload': 'stage' or 'stage:reason'} expected at the horizon
   //           (every workload the rules know must be listed; a stage that has reasons in
-  //           exporter/gpuledger/stages.json must name the reason)
+  //           lib/stages.json must name the reason)
   //   exprs:  extra promql_expr_test cases
   //   after:  the minute the expected alert's condition starts to hold (series that change
   //           then), so `for` ends `after` minutes later
@@ -181,7 +181,7 @@ local duration(minute) = std.toString(minute) + 'm';
 
   // The test file.
   file(tests):: {
-    rule_files: ['../gpuledger.rules.yaml'],
+    rule_files: ['../rendered/gpuledger.rules.yaml'],
     evaluation_interval: '1m',
     // Recording rules first: alerts see them at the same timestamp, as the tests assume.
     group_eval_order: groupNames,

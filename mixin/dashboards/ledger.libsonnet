@@ -1,7 +1,7 @@
 // "GPU ledger": per node and GPU UUID, who is allocated which GPU, who uses it, how much
 // memory each pod holds on shared GPUs, and where allocation and use disagree. A MIG device
 // is a row of its own (gpu_uuid: its MIG UUID) showing its GPU (parent_gpu_uuid).
-local g = import 'lib.libsonnet';
+local g = import '../lib/dashboards.libsonnet';
 
 {
   grafanaDashboards+:: {

@@ -1,6 +1,6 @@
 // "Where is it waiting": per workload, the stage over time, and the placement, startup,
 // engine and routing signals that decide it, on one shared time axis.
-local g = import 'lib.libsonnet';
+local g = import '../lib/dashboards.libsonnet';
 
 {
   grafanaDashboards+:: {
@@ -8,7 +8,7 @@ local g = import 'lib.libsonnet';
     // Recording rules carry no job label; W filters them by the variables.
     local W = g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"'], raw=false),
     local R(m=[]) = g.selector(c, ['namespace=~"$namespace"', 'workload=~"$workload"'] + m),
-    // Stages and codes: exporter/gpuledger/stages.json (config.libsonnet's `_stages`).
+    // Stages and codes: lib/stages.json (config.libsonnet's `_stages`).
     local stages = $._stages.stages,
     local stageColors = {
       pending_placement: 'red',

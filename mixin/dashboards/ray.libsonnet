@@ -1,6 +1,6 @@
 // "Ray": logical GPUs Ray believes it has per Ray node, against what Kubernetes allocated
 // to the pod and what its processes physically use; actors and placement groups by state.
-local g = import 'lib.libsonnet';
+local g = import '../lib/dashboards.libsonnet';
 
 {
   grafanaDashboards+:: {

@@ -2,7 +2,7 @@
 //
 // Override any of these from your own jsonnet:
 //
-//   (import 'gpuledger/mixin.libsonnet') + {
+//   (import 'gpuledger-mixin/mixin.libsonnet') + {
 //     _config+:: { gpuledgerSelector: 'job="gpu-ledger"', kvCachePressureRatio: 0.95 },
 //   }
 //
@@ -10,10 +10,12 @@
 // rendered tests keep testing both sides of each `for:` after a change (scripts/render-mixin).
 //
 // The workload stages, their precedence and reasons, and the defaults of the thresholds
-// below come from exporter/gpuledger/stages.json, the file `gpuledger explain` and the
-// /ledger page judge by too: the recording rules and explain agree by construction
+// below come from lib/stages.json: a copy of the exporter's exporter/gpuledger/stages.json,
+// the file `gpuledger explain` and the /ledger page judge by, written by
+// scripts/render-mixin so that this folder renders on its own (jsonnet-bundler vendors only
+// it). The recording rules and explain agree by construction
 // (tests/mixin/test_stage_differential.py checks it on real expositions).
-local stages = import 'exporter/gpuledger/stages.json';
+local stages = import 'lib/stages.json';
 
 {
   // Stage definitions (stages.json): rules, alerts and dashboards read them from here.
@@ -64,7 +66,7 @@ local stages = import 'exporter/gpuledger/stages.json';
 
     // ---------------------------------------------------------------- thresholds
 
-    // The defaults come from exporter/gpuledger/stages.json, whose values `gpuledger
+    // The defaults come from lib/stages.json (the exporter's stages.json), whose values `gpuledger
     // explain` and the /ledger page use. An override here changes the mixin only: near
     // that threshold the rules then judge a workload differently from explain.
 
@@ -125,7 +127,7 @@ local stages = import 'exporter/gpuledger/stages.json';
 
     // Until this release the recording rules were named gpuledger:<what>:<aggregation>; they
     // are now level:metric:operations (docs/mixin.md, "Recording rule names"). true: one
-    // more rule group (gpuledger.deprecated_aliases, alerts/aliases.libsonnet) records every
+    // more rule group (gpuledger.deprecated_aliases, rules/aliases.libsonnet) records every
     // old name from the new one, with the same labels and values, so dashboards, alerts and
     // queries of your own that use the old names keep working while you move them. Nothing
     // of the mixin reads the old names. false: no aliases (and ~25 fewer rules to evaluate).

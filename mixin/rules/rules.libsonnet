@@ -10,7 +10,7 @@
 //               metric has (a 0/1 condition, a stage code), its gpuledger_* name;
 //   operations  the aggregation: sum, max, count, group, rate5m (a summed 5m rate), onehot.
 // docs/mixin.md ("Recording rule names") has the table of the names before this
-// convention, which alerts/aliases.libsonnet still records for one release.
+// convention, which rules/aliases.libsonnet still records for one release.
 //
 // Workload identity is (cluster, namespace, workload). Engine identity adds node, pod,
 // pod_uid, model_name, target (the scraped host:port[/path]) and engine (the vLLM
@@ -57,7 +57,7 @@
   local union(series) = std.join('\nor\n', series),
 
   // ------------------------------------------------------------------ stages
-  // Stages, their precedence and reasons: exporter/gpuledger/stages.json (through
+  // Stages, their precedence and reasons: lib/stages.json (through
   // config.libsonnet's `_stages`), the file `gpuledger explain` judges by too.
   local model = $._stages,
   local stageOf(name) = [s for s in model.stages if s.stage == name][0],
@@ -122,12 +122,12 @@
     no_engine: [[null, null, wkey]],  // every workload: the last stage always holds
   },
   assert std.set(std.objectFields(conditions)) == std.set([s.stage for s in model.stages])
-         : 'alerts/rules.libsonnet has conditions for other stages than stages.json',
+         : 'rules/rules.libsonnet has conditions for other stages than stages.json',
   assert [s.code for s in model.stages] == std.reverse(std.set([s.code for s in model.stages]))
          : 'stage codes must be distinct and decrease in the order of stages (their precedence)',
   assert [s for s in model.stages if std.length(s.reasons) >= 100] == [] : 'a reason rank must fit in two digits',
   assert [s for s in model.stages if s.reasons != [] && std.set([c[0] for c in conditions[s.stage]]) != std.set(s.reasons)] == []
-         : 'every reason of stages.json needs a condition in alerts/rules.libsonnet',
+         : 'every reason of stages.json needs a condition in rules/rules.libsonnet',
   // Every condition, strongest first: `or` keeps the first one present per workload.
   local candidates = [
     if c[1] == null then '%d * namespace_workload:gpuledger_workloads:group' % code(s.stage, c[0])
@@ -152,7 +152,7 @@
     other: null,
   },
   assert std.set(std.objectFields(engineReasonCondition)) == std.set(stageOf('engine_queueing').reasons)
-         : 'every engine_queueing reason of stages.json needs a condition in alerts/rules.libsonnet',
+         : 'every engine_queueing reason of stages.json needs a condition in rules/rules.libsonnet',
 
   prometheusRules+:: {
     groups+: [
