@@ -136,10 +136,19 @@ local stages = import 'lib/stages.json';
 
     // ---------------------------------------------------------------- links
 
-    // Every alert gets `runbook_url: <this % lower-case alert name>`, an anchor of
-    // docs/runbooks.md (alerts/add-runbook-links.libsonnet). Point it at your copy.
-    // The default is stages.json's, whose links `gpuledger explain` and /ledger print.
-    runbookURLPattern: stages.runbookURLPattern,
+    // Every alert gets `runbook_url: <this % lower-case alert name>`, the anchor of its
+    // section in gpuledger's docs/runbooks.md (alerts/add-runbook-links.libsonnet).
+    //
+    // Set this to an address your on-call can open. Every gpuledger agent serves the
+    // runbooks of its version at /runbooks#<alert>, so point it at the cluster agent
+    // behind your Ingress or proxy ('https://gpuledger.example.com/runbooks#%s'), or at
+    // your own copy of docs/runbooks.md ('https://git.example.com/.../runbooks.md#%s').
+    // The default is that page on the port-forward docs/install.md uses
+    // (`kubectl -n gpuledger port-forward svc/gpuledger-cluster 9402`): it works as soon
+    // as that runs, and names a runbook that ships with the mixin. There is no public copy
+    // to link to. The Helm chart's PrometheusRule can set it too
+    // (prometheusRule.runbookURLPattern).
+    runbookURLPattern: 'http://localhost:9402/runbooks#%s',
 
     // ---------------------------------------------------------------- dashboards
 

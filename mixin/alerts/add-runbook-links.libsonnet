@@ -1,6 +1,6 @@
 // Adds `runbook_url` to every alert, in one place: config runbookURLPattern formatted
-// with the lower-case alert name, which is the anchor GitHub gives the alert's heading
-// in docs/runbooks.md.
+// with the lower-case alert name, which is the anchor of the alert's heading in
+// docs/runbooks.md (on GitHub-style forges, and on the /runbooks page every agent serves).
 {
   local c = $._config,
   prometheusAlerts+:: {

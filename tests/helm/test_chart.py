@@ -561,6 +561,28 @@ def test_prometheus_rule_holds_exactly_the_mixin_rules() -> None:
     assert rule["spec"]["groups"] == mixin["groups"]
 
 
+def test_prometheus_rule_links_runbooks_where_the_values_say() -> None:
+    pattern = "https://gpuledger.example.com/runbooks#%s"
+    rule = one(
+        render(
+            "kube-prometheus-stack-values.yaml",
+            sets=[f"prometheusRule.runbookURLPattern={pattern}"],
+        ),
+        "PrometheusRule",
+    )
+    mixin = yaml.safe_load((REPO / "mixin" / "rendered" / "gpuledger.rules.yaml").read_text())
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 10
+    for alert in alerts:
+        assert alert["annotations"]["runbook_url"] == pattern % alert["alert"].lower()
+    # Only runbook_url changes: every other field is the mixin's.
+    for group in mixin["groups"]:
+        for r in group["rules"]:
+            if "alert" in r:
+                r["annotations"]["runbook_url"] = pattern % r["alert"].lower()
+    assert rule["spec"]["groups"] == mixin["groups"]
+
+
 def test_dashboards_are_the_mixin_dashboards_for_the_grafana_sidecar() -> None:
     configmaps = of_kind(render("kube-prometheus-stack-values.yaml"), "ConfigMap")
     sources = sorted((REPO / "mixin" / "rendered" / "dashboards").glob("*.json"))

@@ -28,10 +28,8 @@ from tests.conftest import REPO
 
 NODE = REPO / "tests" / "fixtures" / "scenarios" / "explain-node.yaml"
 HOST_ONLY_GPU = "GPU-e3bed46b-78f4-b8dc-ef6f-847b54d1fe44"  # demo: index 7, a host python3
-KV_RUNBOOK = (
-    "https://github.com/gpuledger/gpuledger/blob/main/docs/runbooks.md"
-    "#gpuledgerenginequeueingkvcachepressure"
-)
+# Relative to the agent that serves the document: every agent serves /runbooks.
+KV_RUNBOOK = "runbooks#gpuledgerenginequeueingkvcachepressure"
 
 
 @cache
@@ -61,7 +59,9 @@ def test_every_verdict_says_what_to_do_next_with_the_alerts_runbook() -> None:
     assert v["runbook_url"] == KV_RUNBOOK
     lines = render_text(result).splitlines()
     at = lines.index(f"    next step: {v['next_step']}")
-    assert lines[at + 1] == f"    runbook: {KV_RUNBOOK}"
+    assert lines[at + 1] == (
+        f"    runbook: /{KV_RUNBOOK} on any gpuledger agent (docs/runbooks.md)"
+    )
     assert lines[at - 1].startswith("    evidence: ")
 
 

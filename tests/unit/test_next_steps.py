@@ -65,11 +65,14 @@ def test_stages_without_an_alert_say_so_with_no_link() -> None:
     assert next_step_for("engine_queueing", "deferred").runbook_url is None
 
 
-def test_the_mixin_links_runbooks_with_the_pattern_of_stages_json() -> None:
-    assert config()["runbookURLPattern"] == STAGES_JSON["runbookURLPattern"] == RUNBOOK_URL_PATTERN
+def test_verdicts_link_the_runbooks_the_agent_serves() -> None:
+    # Relative to the agent's page: /ledger links runbooks#<alert>, i.e. /runbooks#<alert>.
+    assert STAGES_JSON["runbookURLPattern"] == RUNBOOK_URL_PATTERN == "runbooks#%s"
+    # The mixin's alerts say the same anchor, on the agent's /runbooks page by default.
+    assert config()["runbookURLPattern"].endswith("/runbooks#%s")
     for alert in alerts():
         url = alert["annotations"]["runbook_url"]
-        assert url == RUNBOOK_URL_PATTERN % alert["alert"].lower()
+        assert url.endswith("/" + RUNBOOK_URL_PATTERN % alert["alert"].lower())
 
 
 def test_a_verdict_document_carries_its_next_step_and_link() -> None:

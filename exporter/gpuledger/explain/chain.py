@@ -561,7 +561,7 @@ def render_text(result: Mapping[str, Any]) -> str:
         lines.extend(f"    evidence: {e}" for e in v["evidence"])
         lines.append(f"    next step: {v['next_step']}")
         if v["runbook_url"]:
-            lines.append(f"    runbook: {v['runbook_url']}")
+            lines.append(f"    runbook: {runbook_text(v['runbook_url'])}")
         if w["discrepancies"]:
             lines.extend(f"  ledger disagrees: {d}" for d in w["discrepancies"])
         else:
@@ -571,6 +571,14 @@ def render_text(result: Mapping[str, Any]) -> str:
     for node, sources in (result.get("not_configured") or {}).items():
         lines.append(f"not configured on {node} (not a failure): {', '.join(sources)}")
     return "\n".join(printable(line) for line in lines) + "\n"
+
+
+def runbook_text(url: str) -> str:
+    """A verdict's runbook link as explain prints it. The document's link is relative to the
+    agent (stages.json's runbookURLPattern): every agent serves the runbooks at /runbooks."""
+    if "://" in url:
+        return url
+    return f"/{url.lstrip('/')} on any gpuledger agent (docs/runbooks.md)"
 
 
 def _count(value: Any) -> str:

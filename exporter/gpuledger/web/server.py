@@ -33,6 +33,7 @@ from gpuledger.export.document import ledger_document
 from gpuledger.export.exposition import render_text
 from gpuledger.export.published import Published
 from gpuledger.web.node_page import render_page, simulated_banner
+from gpuledger.web.runbooks import runbooks_page
 from gpuledger.web.webconfig import TlsContext, WebConfig
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ LANDING = """<!doctype html>
 <li><a href="metrics">/metrics</a> &mdash; Prometheus exposition</li>
 <li><a href="ledger">/ledger</a> &mdash; {ledger_what}, readable</li>
 <li><a href="ledger.json">/ledger.json</a> &mdash; the same as JSON, for gpuledger explain</li>
+<li><a href="runbooks">/runbooks</a> &mdash; what to do about each gpuledger alert</li>
 <li><a href="healthz">/healthz</a> &mdash; process alive</li>
 <li><a href="readyz">/readyz</a> &mdash; first snapshot taken</li>
 </ul></body></html>
@@ -226,6 +228,8 @@ def make_handler(
                 else:
                     status, page = ledger_page(ledger_document(published), query)
                     self._send(HTTPStatus(status), page.encode(), "text/html; charset=utf-8")
+            elif path == "/runbooks":
+                self._send(HTTPStatus.OK, runbooks_page(), "text/html; charset=utf-8")
             elif path == "/":
                 page = LANDING.format(
                     version=html.escape(__version__),
