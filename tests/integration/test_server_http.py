@@ -58,7 +58,9 @@ def test_gzip_refused_with_q_zero_is_not_sent(node: Node) -> None:
     assert "Content-Encoding" not in headers
 
 
-@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/ledger.json", "/runbooks", "/"])
+@pytest.mark.parametrize(
+    "path", ["/metrics", "/healthz", "/readyz", "/ledger.json", "/runbooks", "/"]
+)
 def test_head_is_answered_without_a_body(node: Node, path: str) -> None:
     status, headers, body = fetch(node.base + path, method="HEAD")
     assert status == 200 and body == b""

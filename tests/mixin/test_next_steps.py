@@ -6,7 +6,7 @@ stage's `next_step`, and the alert it pages with is `runbook_alert` (verdict.py'
 next_step_for). Each alert's rendered description must end with " Next step: " and that
 text, verbatim: the step itself where the alert stands for one verdict, else a template
 switch on the reason with one branch per verdict and the stage's step for any other reason.
-The text is generated from stages.json (alerts/alerts.libsonnet), so these tests compare the
+The text is generated from stages.json (mixin/alerts/alerts.libsonnet), so these tests compare the
 committed rules with the file: a step changed in one place only fails here (or, for
 stages.json without re-rendering, in test_render too).
 """

@@ -2,10 +2,11 @@
 
 The stages, their precedence, each stage's reasons (strongest first) and the thresholds are
 defined once, in stages.json next to this module; the mixin's recording rules
-(alerts/rules.libsonnet) are rendered from the same file. A workload is in the first stage
-whose condition holds, and gets the strongest reason that holds: each condition below is
-the one the recording rule `namespace_workload:gpuledger_stage_reason_code:max` computes, so
-explain, the /ledger page and Prometheus agree (tests/mixin/test_stage_differential.py runs both on
+(mixin/rules/rules.libsonnet) are rendered from the same file (its copy mixin/lib/stages.json).
+A workload is in the first stage whose condition holds, and gets the strongest reason that
+holds: each condition below is the one the recording rule
+`namespace_workload:gpuledger_stage_reason_code:max` computes, so explain, the /ledger page
+and Prometheus agree (tests/mixin/test_stage_differential.py runs both on
 the same snapshots).
 """
 
