@@ -145,6 +145,12 @@ def kubernetes_families(ledger: Ledger) -> Iterator[Metric]:
         allocation.add_metric(
             [node, a.gpu_uuid, *_container_values(a.container)[:4], a.resource], 1
         )
+    claims = _DeviceGauge(F.DRA_ALLOCATION_INFO, parents)
+    for a in ledger.allocations:
+        if a.claim is not None:
+            c = a.claim
+            dra = [c.claim_namespace, c.claim_name, c.driver, c.pool, c.device, c.share_id]
+            claims.add_metric([node, a.gpu_uuid, *_container_values(a.container)[:4], *dra], 1)
     unused = _DeviceGauge(F.GPU_ALLOCATED_UNUSED, parents)
     unallocated = _DeviceGauge(F.GPU_UNALLOCATED_USE, parents)
     families = {"allocated_unused": unused, "unallocated_use": unallocated}
@@ -155,7 +161,8 @@ def kubernetes_families(ledger: Ledger) -> Iterator[Metric]:
     starting = _gauge(F.POD_STARTING)
     for state in ledger.pods:
         starting.add_metric([node, *_pod_values(state.pod)], 1 if state.starting else 0)
-    yield from (allocation, unused, unallocated, starting)
+    # Only where DRA allocates: a device-plugin node's exposition stays as it was.
+    yield from (allocation, *([claims] if claims.samples else []), unused, unallocated, starting)
 
 
 def pending_families(ledger: Ledger) -> Iterator[Metric]:

@@ -15,7 +15,9 @@ from gpuledger.ledger import ContainerRef, Ledger
 from gpuledger.ledger.ray import RayWorker
 from gpuledger.ledger.rayengines import EngineRay
 from gpuledger.ledger.serve import ServeReplicaView
+from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.nvml import MigDevice
+from gpuledger.model.podresources import ClaimDevice
 
 SCHEMA = "gpuledger.io/ledger/v1"
 
@@ -33,6 +35,37 @@ def _container(ref: ContainerRef | None) -> dict[str, str] | None:
     }
 
 
+def _claim_device(c: ClaimDevice | None) -> dict[str, Any] | None:
+    """A DRA allocation's claim and device (None: a device-plugin allocation)."""
+    if c is None:
+        return None
+    return {
+        "namespace": c.claim_namespace,
+        "name": c.claim_name,
+        "driver": c.driver,
+        "pool": c.pool,
+        "device": c.device,
+        "share_id": c.share_id or None,
+    }
+
+
+def _pending_claims(ledger: Ledger, pod: PodInfo) -> list[dict[str, Any]]:
+    """The GPU claims a pending pod waits on, as the cluster's ResourceClaims say."""
+    known = {(c.namespace, c.name): c for c in ledger.claims}
+    return [
+        {
+            "name": c.name,
+            "device_classes": list(c.device_classes),
+            "gpus": c.gpus,
+            "allocated": c.allocated,
+            "reserved_for": c.reserved_for,
+            "deleting": c.deleting,
+        }
+        for c in (known.get((pod.namespace, name)) for name in pod.claims)
+        if c is not None
+    ]
+
+
 def _containers(ledger: Ledger) -> list[dict[str, Any]]:
     found: dict[ContainerRef, dict[str, Any]] = {}
 
@@ -47,7 +80,12 @@ def _containers(ledger: Ledger) -> list[dict[str, Any]]:
         )
     for a in ledger.allocations:
         entry(a.container)["allocations"].append(
-            {"gpu_uuid": a.gpu_uuid, "resource": a.resource, "device_id": a.device_id}
+            {
+                "gpu_uuid": a.gpu_uuid,
+                "resource": a.resource,
+                "device_id": a.device_id,
+                "claim": _claim_device(a.claim),
+            }
         )
     for u in ledger.usage:
         entry(u.container)["usage"].append(
@@ -325,6 +363,8 @@ def ledger_document(published: Published) -> dict[str, Any]:
                 "reason": p.pending_reason,
                 "gpus": p.gpu_requests,
                 "since": p.pending_since,
+                "nodes": p.pending_nodes,
+                "claims": _pending_claims(ledger, p),
             }
             for p in ledger.pending
         ],

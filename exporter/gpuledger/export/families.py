@@ -341,6 +341,44 @@ GPU_ALLOCATION_INFO: Final = declare(
     ),
 )
 
+DRA_ALLOCATION_INFO: Final = declare(
+    "gpuledger_dra_allocation_info",
+    INFO,
+    KUBERNETES,
+    help="1: this container holds this GPU through a DRA ResourceClaim (labels as dcgm-exporter's).",
+    labels=(
+        "gpu_uuid",
+        "namespace",
+        "pod",
+        "pod_uid",
+        "container",
+        "dra_claim_namespace",
+        "dra_claim_name",
+        "dra_driver_name",
+        "dra_pool_name",
+        "dra_device_name",
+        "dra_share_id",
+    ),
+    stability=EXPERIMENTAL,
+    rows="allocations",
+    device=True,
+    cap="MAX_GPU_ROWS",
+    budget=(Budget(NODE, "1,024", "`MAX_GPU_ROWS` allocations, those made through a claim", 1024),),
+    meaning=(
+        "1 for each allocation of `gpuledger_gpu_allocation_info` made through a Kubernetes "
+        "DRA ResourceClaim (PodResources `dynamic_resources`, kubelet 1.34), its GPU or MIG "
+        "UUID resolved through the node's `resource.k8s.io/v1` ResourceSlices (the NVIDIA "
+        "DRA driver's `uuid` attribute); the allocation family's `resource` is then the "
+        "driver. The claim and device labels are named as dcgm-exporter's; several pods "
+        "sharing a claim get one series each; `dra_share_id` is empty unless the kubelet "
+        "names a share. A device no slice names yet is in the ledger's unknowns, and its "
+        "container is not judged for unallocated use. Absent on nodes without DRA "
+        "allocations. Device plugin alone: `gpuledger_gpu_allocation_info unless on "
+        "(gpu_uuid, pod_uid, container) gpuledger_dra_allocation_info`."
+    ),
+)
+
+
 GPU_ALLOCATED_UNUSED: Final = declare(
     "gpuledger_gpu_allocated_unused",
     GAUGE,

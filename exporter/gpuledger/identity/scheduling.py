@@ -13,6 +13,13 @@ Its wording changed across releases (`had taint {k: v}, that the pod didn't tole
 before 1.25, `had untolerated taint {k: v}` after; `didn't match node selector` before
 1.21, `didn't match Pod's node affinity/selector` after), so clauses are matched by key
 phrases, and text never seen before falls to `other` rather than failing.
+
+Dynamic Resource Allocation (kube-scheduler's `DynamicResources` plugin, read in
+Kubernetes 1.34) adds its own clauses: `cannot allocate all claims` (no node has devices
+that fit every claim, or an allocated claim's node is not this one: `resourceclaim not
+available on the node`), `resourceclaim in use` (reserved for as many pods as it may
+be), `resource claim ... is in the process of being allocated`, `device class ... does
+not exist`, and `resourceclaim ... is being deleted`.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from typing import Any
 __all__ = [
     "DEFAULT_GPU_RESOURCES",
     "PENDING_REASONS",
+    "CLAIM_CAUSES",
+    "cause_nodes",
     "PLACEMENT_CAUSES",
     "classify_pending",
     "classify_unschedulable",
@@ -38,8 +47,15 @@ DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*")
 
 # Tie-break precedence, strongest first. A GPU shortage wins a tie because it is the
 # cause capacity planning acts on; taints and selectors are configuration, `other` last.
+# A claim's causes sit after the device-plugin shortage: a class that does not exist
+# and a claim being deleted are configuration, no waiting fixes them; the rest resolve.
 PLACEMENT_CAUSES: tuple[str, ...] = (
     "insufficient_gpu",
+    "claim_unallocatable",
+    "device_class_missing",
+    "claim_deleting",
+    "claim_in_use",
+    "claim_allocating",
     "taint",
     "node_selector",
     "affinity",
@@ -73,6 +89,19 @@ _POD_AFFINITY = re.compile(r"\bpods? (?:anti-)?affinity|anti-affinity", re.IGNOR
 # "didn't match Pod's node affinity/selector", "didn't match node selector",
 # "didn't match Pod's node affinity".
 _NODE_SELECTOR = re.compile(r"node affinity|node selector|nodeselector", re.IGNORECASE)
+# The DynamicResources plugin's clauses, checked first: a claim's name may say anything.
+_CLAIM_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"cannot allocate all claims|resourceclaim not available", re.I),
+        "claim_unallocatable",
+    ),
+    (re.compile(r"device ?class\b.*\b(?:does not exist|not found)", re.I), "device_class_missing"),
+    (re.compile(r"resource ?claim\b.*\bbeing deleted", re.I), "claim_deleting"),
+    (re.compile(r"resource ?claim\b.*\bin use\b", re.I), "claim_in_use"),
+    (re.compile(r"process of being allocated", re.I), "claim_allocating"),
+)
+# Causes of the DynamicResources plugin: the pod's claims, not its resource limits.
+CLAIM_CAUSES: tuple[str, ...] = tuple(cause for _, cause in _CLAIM_CAUSES)
 
 
 def is_gpu_resource(name: str, gpu_resources: Sequence[str] = DEFAULT_GPU_RESOURCES) -> bool:
@@ -93,6 +122,9 @@ def _clause_cause(text: str, gpu_resources: Sequence[str]) -> tuple[str, bool]:
         resource = insufficient.group(1).rstrip(".,;")
         cause = "insufficient_gpu" if is_gpu_resource(resource, gpu_resources) else "other"
         return cause, True
+    for pattern, claim_cause in _CLAIM_CAUSES:
+        if pattern.search(text):
+            return claim_cause, claim_cause == "claim_unallocatable"
     if _VOLUME.search(text):  # "volume node affinity conflict" is storage, not placement rules
         return "other", False
     # A cordoned node ("were unschedulable") is the node repelling every pod, the same
@@ -139,6 +171,19 @@ def classify_unschedulable(
         return "other"
     # PLACEMENT_CAUSES is in precedence order, so the first at the maximum wins the tie.
     return next(c for c in PLACEMENT_CAUSES if scores[c] == best)
+
+
+def cause_nodes(
+    message: str, cause: str, gpu_resources: Sequence[str] = DEFAULT_GPU_RESOURCES
+) -> int | None:
+    """Nodes the scheduler's message counts for `cause` (clauses summed), None if none."""
+    body = _HEADER.sub("", _PREEMPTION_TAIL.split(message, maxsplit=1)[0]).strip().rstrip(".")
+    total = None
+    for clause in _CLAUSE_SPLIT.split(body):
+        counted = _COUNTED.match(clause)
+        if counted is not None and _clause_cause(counted.group(2), gpu_resources)[0] == cause:
+            total = (total or 0) + int(counted.group(1))
+    return total
 
 
 def pod_scheduled_condition(

@@ -30,7 +30,13 @@ from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.engines import ENGINES
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess
-from gpuledger.model.podresources import PODRESOURCES, PodResourcesSnapshot
+from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot
+from gpuledger.model.podresources import (
+    PODRESOURCES,
+    ClaimAllocation,
+    ClaimDevice,
+    PodResourcesSnapshot,
+)
 from gpuledger.model.procfs import PROCESSES, ProcessInfo
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL, LocalRayNode
 from gpuledger.model.serve import SERVE
@@ -87,12 +93,15 @@ class DeviceMapping:
 
 @dataclass(frozen=True)
 class Allocation:
-    """The kubelet says this container holds this GPU (PodResources)."""
+    """The kubelet says this container holds this GPU (PodResources): through a device
+    plugin (`resource` its name), or a ResourceClaim (`resource` the DRA driver)."""
 
     container: ContainerRef
     gpu_uuid: str
     resource: str
     device_id: str
+    # DRA: the claim and device the kubelet names, resolved through a ResourceSlice.
+    claim: ClaimDevice | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +223,8 @@ class Ledger:
     overflow: Overflow = field(default_factory=Overflow)
     # Node mode: Ray Serve's deployments with a router or a replica here.
     serve: ServeLocal | None = None
+    # Cluster mode: the GPU ResourceClaims of the cluster (pending pods name theirs).
+    claims: tuple[ClaimInfo, ...] = ()
 
 
 class _Pods:
@@ -359,6 +370,90 @@ def _allocations(
     return tuple(found[k] for k in sorted(found, key=_ref_and_uuid))
 
 
+@dataclass(frozen=True)
+class _Claims:
+    """DRA devices the kubelet names, resolved (allocations) or not (containers whose
+    allocations are then unknown, and what to say about them)."""
+
+    allocations: tuple[Allocation, ...] = ()
+    unresolved: frozenset[ContainerRef] = frozenset()
+    unknowns: tuple[str, ...] = ()
+
+
+def _claim_allocations(
+    snapshot: PodResourcesSnapshot | None, pods: _Pods, dra: DraSnapshot | None
+) -> _Claims:
+    """DRA rows joined like device-plugin ones: (driver, pool, device) -> the slice
+    device's `uuid`. A device no slice seen names is said, never guessed."""
+    if snapshot is None or not snapshot.claims:
+        return _Claims()
+    by_name = {(d.driver, d.pool, d.name): d for d in (dra.devices if dra else ())}
+    found: dict[tuple[ContainerRef, str], Allocation] = {}
+    unresolved: set[ContainerRef] = set()
+    unknowns: list[str] = []
+    for row in snapshot.claims:
+        ref = pods.allocated_ref(row.namespace, row.pod, row.container)
+        if ref is None:
+            continue
+        device = by_name.get((row.device.driver, row.device.pool, row.device.device))
+        if device is None:
+            unresolved.add(ref)
+            unknowns.append(_unresolved(row, dra is not None))
+            continue
+        allocation = Allocation(ref, device.uuid, row.device.driver, row.device.device, row.device)
+        found.setdefault((ref, device.uuid), allocation)
+    return _Claims(
+        tuple(found[k] for k in sorted(found, key=_ref_and_uuid)),
+        frozenset(unresolved),
+        tuple(dict.fromkeys(unknowns)),
+    )
+
+
+def _unresolved(row: ClaimAllocation, slices_read: bool) -> str:
+    why = "in no ResourceSlice of this node" if slices_read else "ResourceSlices not read"
+    return (
+        f"DRA device {row.device.qualified} of claim {row.device.claim_namespace}/"
+        f"{row.device.claim_name} (pod {row.namespace}/{row.pod}): {why}, its GPU unknown"
+    )
+
+
+def _dra_gpus(snapshot: PodResourcesSnapshot | None) -> dict[tuple[str, str], int]:
+    """DRA GPU devices per pod (namespace, name), counted once however many share them."""
+    devices: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for row in snapshot.claims if snapshot else ():
+        devices[(row.namespace, row.pod)].add(row.device.qualified)
+    return {pod: len(found) for pod, found in devices.items()}
+
+
+def _with_claim_gpus(
+    pods: Sequence[PodInfo], counts: Mapping[tuple[str, str], int]
+) -> list[PodInfo]:
+    """Pods with their DRA GPUs added to gpu_requests: every GPU-pod decision sees them."""
+    return [
+        replace(p, gpu_requests=p.gpu_requests + counts[(p.namespace, p.name)])
+        if counts.get((p.namespace, p.name))
+        else p
+        for p in pods
+    ]
+
+
+def _pending_claim_gpus(pending: PodsSnapshot, dra: DraSnapshot | None) -> list[PodInfo]:
+    """Cluster mode: each pending pod's GPUs asked through its claims' device classes."""
+    claims = {(c.namespace, c.name): c.gpus for c in (dra.claims if dra else ())}
+    counts = {
+        (p.namespace, p.name): sum(claims.get((p.namespace, c), 0) for c in p.claims)
+        for p in pending.pods
+        if p.claims
+    }
+    return _with_claim_gpus(pending.pods, counts)
+
+
+def _pending_claims(pending: PodsSnapshot | None, dra: DraSnapshot | None) -> tuple[ClaimInfo, ...]:
+    """The claims pending pods name, and only those (cardinality, memory)."""
+    named = {(p.namespace, c) for p in (pending.pods if pending else ()) for c in p.claims}
+    return tuple(c for c in (dra.claims if dra else ()) if (c.namespace, c.name) in named)
+
+
 def _device_maps(
     members: Mapping[ContainerRef, list[ProcessInfo]],
     allocations: Sequence[Allocation],
@@ -398,6 +493,7 @@ def _discrepancies(
     *,
     allocations_known: bool,
     usage_known: bool,
+    unresolved: frozenset[ContainerRef] = frozenset(),
 ) -> tuple[Discrepancy, ...]:
     used = {(u.container, u.gpu_uuid) for u in usage}
     held = {(a.container, a.gpu_uuid) for a in allocations}
@@ -414,7 +510,8 @@ def _discrepancies(
                     )
                 )
         for u in usage:
-            if u.container.namespace:  # named by the API: its allocations are comparable
+            # Named by the API, and every device it holds known: its allocations compare.
+            if u.container.namespace and u.container not in unresolved:
                 found.append(
                     Discrepancy(
                         "unallocated_use",
@@ -426,12 +523,14 @@ def _discrepancies(
     return tuple(found)
 
 
-def _pod_states(pods: PodsSnapshot | None) -> tuple[PodState, ...]:
+def _pod_states(
+    pods: PodsSnapshot | None, dra_gpus: Mapping[tuple[str, str], int]
+) -> tuple[PodState, ...]:
     if pods is None:
         return ()
     states = [
         PodState(p, starting=not p.ready)
-        for p in pods.pods
+        for p in _with_claim_gpus(pods.pods, dra_gpus)
         if p.gpu_requests > 0 and p.phase not in _TERMINATED and not p.deletion
     ]
     return tuple(sorted(states, key=lambda s: (s.pod.namespace, s.pod.name)))
@@ -473,7 +572,13 @@ def build_ledger(
         if ref is not None:
             members[ref].append(process_table[pid])
 
-    allocations = _allocations(podresources, pod_index, host)
+    claims = _claim_allocations(podresources, pod_index, snapshots.get(DRA))
+    allocations = tuple(
+        sorted(
+            (*_allocations(podresources, pod_index, host), *claims.allocations),
+            key=lambda a: _ref_and_uuid((a.container, a.gpu_uuid)),
+        )
+    )
     maps = _device_maps(members, allocations, process_table, host)
     device_maps = tuple(
         DeviceMapping(ref, i, gpu.uuid, source)
@@ -561,14 +666,26 @@ def build_ledger(
             usage,
             allocations_known=podresources is not None and pods is not None,
             usage_known=nvml is not None and procs is not None,
+            unresolved=claims.unresolved,
         ),
-        pods=_pod_states(pods),
+        pods=_pod_states(pods, _dra_gpus(podresources)),
         engines=engines,
-        pending=tuple(sorted(pending.pods, key=lambda p: (p.namespace, p.name)) if pending else ()),
-        unknowns=_unknowns(sources) + _serve_unknowns(serve) + ray_job_unknowns(ray_local),
+        pending=tuple(
+            sorted(
+                _pending_claim_gpus(pending, snapshots.get(DRA)),
+                key=lambda p: (p.namespace, p.name),
+            )
+            if pending
+            else ()
+        ),
+        unknowns=_unknowns(sources)
+        + claims.unknowns
+        + _serve_unknowns(serve)
+        + ray_job_unknowns(ray_local),
         ray=ray,
         ray_cluster=ray_cluster,
         serve=serve,
+        claims=_pending_claims(pending, snapshots.get(DRA)),
     )
     return _capped(
         ledger,
@@ -667,6 +784,7 @@ _MISSING = {
         "workers of engines on the Ray executor unknown"
     ),
     "serve": "no Ray Serve: deployments, router queues and replica requests unknown",
+    "dra": "no ResourceSlices/ResourceClaims: DRA GPUs unknown",
 }
 
 

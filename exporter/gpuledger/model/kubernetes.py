@@ -35,6 +35,13 @@ class PodInfo:
     deletion: bool
     # Only the annotations gpuledger reads (ANNOTATION_PREFIXES): discovery hints.
     annotations: Mapping[str, str] = field(default_factory=frozen_map)
+    # The ResourceClaims (names, in the pod's namespace) of spec.resourceClaims: named
+    # directly, or made from a template (status.resourceClaimStatuses). DRA GPUs are
+    # counted in gpu_requests by the ledger, which knows the claims' device classes.
+    claims: tuple[str, ...] = ()
+    # Nodes the scheduler's message counts for pending_reason ("6 cannot allocate all
+    # claims"); None when placed or not counted.
+    pending_nodes: int | None = None
 
 
 @dataclass(frozen=True)

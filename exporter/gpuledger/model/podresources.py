@@ -26,6 +26,34 @@ class DeviceAllocation:
 
 
 @dataclass(frozen=True)
+class ClaimDevice:
+    """One device of a ResourceClaim as the kubelet reports it (PodResources v1
+    `DynamicResource` / `ClaimResource`): the DRA driver's names, not a GPU UUID."""
+
+    claim_namespace: str
+    claim_name: str
+    driver: str  # e.g. gpu.nvidia.com
+    pool: str  # the driver's pool, usually the node name
+    device: str  # e.g. gpu-2, gpu-0-mig-9-4-1 (kubernetes-sigs/dra-driver-nvidia-gpu)
+    # Set when one device is shared by several claims (consumable capacity); else "".
+    share_id: str = ""
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """The kubelet says this container holds this claim's device."""
+
+    namespace: str
+    pod: str
+    container: str
+    device: ClaimDevice
+
+
+@dataclass(frozen=True)
 class PodResourcesSnapshot:
     # Sorted by namespace, pod, container, position, device_id.
     allocations: tuple[DeviceAllocation, ...]
@@ -33,6 +61,8 @@ class PodResourcesSnapshot:
     # when the kubelet does not offer GetAllocatableResources (before 1.21, or its
     # feature gate off before 1.23). That is a fact about the kubelet, not a failure.
     allocatable: tuple[str, ...] | None
+    # DRA devices of the configured GPU drivers, sorted like `allocations`.
+    claims: tuple[ClaimAllocation, ...] = ()
 
 
 # This source's snapshot in a cycle's Snapshots.

@@ -30,6 +30,7 @@ __all__ = [
     "api_client",
     "incluster_configuration",
     "kubeconfig_configuration",
+    "list_objects",
     "list_pods",
     "new_watch",
 ]
@@ -115,6 +116,12 @@ def list_pods(client: Any, *, _request_timeout: Any = None, **params: Any) -> An
     the client's serialisation, auth and TLS; non-2xx raises the client's ApiException.
     Only raw responses are supported: the informer decodes JSON itself.
     """
+    return list_objects(client, "/api/v1/pods", _request_timeout=_request_timeout, **params)
+
+
+def list_objects(client: Any, path: str, *, _request_timeout: Any = None, **params: Any) -> Any:
+    """GET `path` (a collection, e.g. /apis/resource.k8s.io/v1/resourceslices) as
+    `list_pods` does: the same parameters, the raw response."""
     if params.pop("_preload_content", False):  # Watch.stream passes False
         raise ValueError("list_pods returns the raw response only")
     unknown = set(params) - set(_QUERY)
@@ -123,7 +130,7 @@ def list_pods(client: Any, *, _request_timeout: Any = None, **params: Any) -> An
     query = [(_QUERY[key], value) for key, value in params.items() if value is not None]
     request = client.param_serialize(
         method="GET",
-        resource_path="/api/v1/pods",
+        resource_path=path,
         query_params=query,
         header_params={"Accept": "application/json"},
         auth_settings=["BearerToken"],

@@ -43,6 +43,7 @@ import urllib3.exceptions
 
 from gpuledger.identity.scheduling import (
     DEFAULT_GPU_RESOURCES,
+    cause_nodes,
     classify_pending,
     is_gpu_resource,
     pod_scheduled_condition,
@@ -62,6 +63,7 @@ __all__ = [
     "PodInformer",
     "PodsSnapshot",
     "bare_container_id",
+    "connect_client",
     "gpu_request",
     "pod_info",
 ]
@@ -219,7 +221,35 @@ def pod_info(
                 if k.startswith(ANNOTATION_PREFIXES)
             }
         ),
+        claims=pod_claims(spec, status),
+        pending_nodes=_pending_nodes(scheduled, pending_reason),
     )
+
+
+# A pod may name at most 128 claims (API validation); more is a hostile object.
+_MAX_POD_CLAIMS = 128
+
+
+def pod_claims(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ResourceClaim names a pod uses: `resourceClaimName`, or for a template the
+    name the controller generated (status.resourceClaimStatuses); not yet made: absent."""
+    generated = {
+        str(e.get("name")): e.get("resourceClaimName")
+        for e in _objs(status.get("resourceClaimStatuses"))[:_MAX_POD_CLAIMS]
+    }
+    names: list[str] = []
+    for entry in _objs(spec.get("resourceClaims"))[:_MAX_POD_CLAIMS]:
+        name = entry.get("resourceClaimName") or generated.get(str(entry.get("name")))
+        if isinstance(name, str) and name and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _pending_nodes(scheduled: Mapping[str, Any] | None, reason: str | None) -> int | None:
+    message = scheduled.get("message") if scheduled is not None else None
+    if reason is None or not isinstance(message, str):
+        return None
+    return cause_nodes(message[:4096], reason)
 
 
 # --- errors -> (reason, message) ---
@@ -273,6 +303,31 @@ def _describe_error(exc: BaseException, host: str) -> tuple[str, str]:
     if isinstance(exc, ValueError | KeyError | TypeError):
         return "bad_response", f"unexpected answer from the Kubernetes API {host}"
     return "internal_error", type(exc).__name__
+
+
+def connect_client(kubeconfig: str | None, service_account_dir: str) -> Any:
+    """An API client from `kubeconfig`, else the in-cluster service account; raises
+    SourceError("config", ...) naming what could not be loaded, never its content."""
+    where = f"kubeconfig {kubeconfig!r}" if kubeconfig else "in-cluster"
+    try:
+        if kubeconfig:
+            configuration = kubeapi.kubeconfig_configuration(kubeconfig)
+        else:
+            configuration = kubeapi.incluster_configuration(service_account_dir)
+    except kubeapi.ConfigException as exc:
+        # The loader's own words ("Service host/port is not set."), one bounded line.
+        detail = (str(exc).splitlines() or [""])[0][:160]
+        raise SourceError(
+            "config", f"cannot load the {where} Kubernetes configuration: {detail}"
+        ) from None
+    except Exception as exc:  # unreadable or malformed file
+        raise SourceError(
+            "config", f"cannot load the {where} Kubernetes configuration: {type(exc).__name__}"
+        ) from None
+    # Sources retry with their own backoff; urllib3's silent retries would multiply
+    # every timeout.
+    configuration.retries = 0
+    return kubeapi.api_client(configuration)
 
 
 # --- the informer ---
@@ -440,7 +495,8 @@ class PodInformer(Source[PodsSnapshot]):
             return True
         if info.pending_reason is None:  # placed, or not yet seen by the scheduler
             return False
-        return not self.pending_gpu_only or info.gpu_requests > 0
+        # A pod with claims may ask for GPUs through DRA: the ledger decides with its claims.
+        return not self.pending_gpu_only or info.gpu_requests > 0 or bool(info.claims)
 
     # -- the loop --
 
@@ -501,31 +557,9 @@ class PodInformer(Source[PodsSnapshot]):
         (log.warning if changed else log.debug)("pod informer: %s (%s)", message, reason)
 
     def _connect(self) -> None:
-        if self._given_client is not None:
-            client = self._given_client
-        else:
-            try:
-                if self._kubeconfig:
-                    configuration = kubeapi.kubeconfig_configuration(self._kubeconfig)
-                else:
-                    configuration = kubeapi.incluster_configuration(self._service_account_dir)
-            except kubeapi.ConfigException as exc:
-                where = f"kubeconfig {self._kubeconfig!r}" if self._kubeconfig else "in-cluster"
-                # The loader's own words ("Service host/port is not set."), one bounded line.
-                detail = (str(exc).splitlines() or [""])[0][:160]
-                raise SourceError(
-                    "config", f"cannot load the {where} Kubernetes configuration: {detail}"
-                ) from None
-            except Exception as exc:  # unreadable or malformed file
-                where = f"kubeconfig {self._kubeconfig!r}" if self._kubeconfig else "in-cluster"
-                raise SourceError(
-                    "config",
-                    f"cannot load the {where} Kubernetes configuration: {type(exc).__name__}",
-                ) from None
-            # The informer retries with its own backoff; urllib3's silent retries would
-            # multiply every timeout.
-            configuration.retries = 0
-            client = kubeapi.api_client(configuration)
+        client = self._given_client
+        if client is None:
+            client = connect_client(self._kubeconfig, self._service_account_dir)
         self._client = client
         self._host = str(getattr(client.configuration, "host", "") or "(unknown host)")
 

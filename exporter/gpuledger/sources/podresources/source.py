@@ -20,11 +20,18 @@ import grpc
 
 from gpuledger.identity.devices import strip_replica_suffix
 from gpuledger.model import Snapshots
-from gpuledger.model.podresources import PODRESOURCES, DeviceAllocation, PodResourcesSnapshot
+from gpuledger.model.podresources import (
+    PODRESOURCES,
+    ClaimAllocation,
+    ClaimDevice,
+    DeviceAllocation,
+    PodResourcesSnapshot,
+)
 from gpuledger.protocols.podresources import api_pb2, api_pb2_grpc
 from gpuledger.sources.base import Source, SourceError
 
 __all__ = [
+    "DEFAULT_DRA_DRIVERS",
     "DEFAULT_RESOURCE_NAMES",
     "DEFAULT_SOCKET_PATH",
     "DeviceAllocation",
@@ -125,6 +132,40 @@ def allocations_from_response(
     return tuple(rows)
 
 
+# The NVIDIA DRA driver's name for GPUs and MIG devices (kubernetes-sigs/dra-driver-nvidia-gpu).
+DEFAULT_DRA_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
+
+
+def claims_from_response(
+    response: api_pb2.ListPodResourcesResponse, drivers: Sequence[str]
+) -> tuple[ClaimAllocation, ...]:
+    """One row per (container, DRA device of a GPU driver): `dynamic_resources`, field 5
+    of ContainerResources (kubelet 1.34: gate KubeletPodResourcesDynamicResources, beta)."""
+    rows: set[ClaimAllocation] = set()
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for claim in container.dynamic_resources:
+                for resource in claim.claim_resources:
+                    if resource.driver_name not in drivers or not resource.device_name:
+                        continue
+                    device = ClaimDevice(
+                        claim_namespace=claim.claim_namespace or pod.namespace,
+                        claim_name=claim.claim_name,
+                        driver=resource.driver_name,
+                        pool=resource.pool_name,
+                        device=resource.device_name,
+                        # Newer kubelets name a shared device's share; these stubs may not.
+                        share_id=str(getattr(resource, "share_id", "") or ""),
+                    )
+                    rows.add(ClaimAllocation(pod.namespace, pod.name, container.name, device))
+    return tuple(sorted(rows, key=_claim_order))
+
+
+def _claim_order(c: ClaimAllocation) -> tuple[str, ...]:
+    d = c.device
+    return (c.namespace, c.pod, c.container, d.claim_name, d.driver, d.pool, d.device, d.share_id)
+
+
 def allocatable_from_response(
     response: api_pb2.AllocatableResourcesResponse, patterns: ResourcePatterns
 ) -> tuple[str, ...]:
@@ -175,6 +216,7 @@ class PodResourcesSource(Source[PodResourcesSnapshot]):
         resource_names: str | Sequence[str] = DEFAULT_RESOURCE_NAMES,
         timeout_seconds: float = 3.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        dra_drivers: Sequence[str] = DEFAULT_DRA_DRIVERS,
     ) -> None:
         if timeout_seconds <= 0:
             raise ValueError("timeout_seconds must be positive")
@@ -183,6 +225,7 @@ class PodResourcesSource(Source[PodResourcesSnapshot]):
         self.patterns = ResourcePatterns.parse(resource_names)
         self.timeout_seconds = timeout_seconds
         self.max_message_bytes = max_message_bytes
+        self.dra_drivers = tuple(dra_drivers)
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
@@ -195,6 +238,7 @@ class PodResourcesSource(Source[PodResourcesSnapshot]):
             stub = self._connect()
             listed = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_seconds)
             allocations = allocations_from_response(listed, self.patterns)
+            claims = claims_from_response(listed, self.dra_drivers)
             allocatable: tuple[str, ...] | None
             try:
                 answer = stub.GetAllocatableResources(
@@ -212,7 +256,7 @@ class PodResourcesSource(Source[PodResourcesSnapshot]):
         except BaseException:
             self.close()
             raise
-        return PodResourcesSnapshot(allocations=allocations, allocatable=allocatable)
+        return PodResourcesSnapshot(allocations, allocatable, claims)
 
     def _check_socket(self) -> None:
         """Name the deployment mistake before grpc turns it into a generic UNAVAILABLE."""
