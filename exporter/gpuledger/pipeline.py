@@ -28,6 +28,11 @@ from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL
 from gpuledger.model.serve import SERVE
 from gpuledger.sources.base import DISABLED, NotConfigured, Source, SourceRunner, Started
 from gpuledger.sources.engines.source import EngineScraper, EngineSource
+from gpuledger.sources.kubernetes.dra import (
+    DEFAULT_GPU_DEVICE_CLASSES,
+    DEFAULT_GPU_DRIVERS,
+    DraSource,
+)
 from gpuledger.sources.kubernetes.pods import PodInformer
 from gpuledger.sources.nvml import NvmlSource
 from gpuledger.sources.podresources import PodResourcesSource
@@ -51,6 +56,10 @@ class PipelineConfig:
     # Cluster mode: report unplaced pods that request no GPU too.
     pending_all_pods: bool = False
     kubernetes: bool = False
+    # Kubernetes DRA (resource.k8s.io/v1): False leaves the source out of the list.
+    dra: bool = False
+    dra_device_classes: tuple[str, ...] = DEFAULT_GPU_DEVICE_CLASSES
+    dra_drivers: tuple[str, ...] = DEFAULT_GPU_DRIVERS
     kubeconfig: str | None = None
     engine_targets: tuple[str, ...] = ()
     engine_discovery: bool = True
@@ -74,6 +83,7 @@ def node_sources(config: PipelineConfig) -> list[Source[Any]]:
             config.podresources_socket,
             config.gpu_resources,
             timeout_seconds=max(0.1, deadline * 0.8),
+            dra_drivers=config.dra_drivers,
         )
         if config.podresources_socket
         else NotConfigured(PODRESOURCES),
@@ -97,6 +107,24 @@ def node_sources(config: PipelineConfig) -> list[Source[Any]]:
         else NotConfigured(ENGINES),
         RayLocalSource(_ray_client(config)) if config.ray_address else NotConfigured(RAY_LOCAL),
         _serve_source(config) if config.ray_address else NotConfigured(SERVE),
+        *_dra_source(config, "node"),
+    ]
+
+
+def _dra_source(config: PipelineConfig, mode: str) -> list[Source[Any]]:
+    """The DRA source where it is on; absent otherwise, so a cluster without DRA (and a
+    box without Kubernetes) exports what it did before."""
+    if not (config.dra and config.kubernetes):
+        return []
+    return [
+        DraSource(
+            "node" if mode == "node" else "cluster",
+            node_name=config.node if mode == "node" else None,
+            kubeconfig=config.kubeconfig,
+            drivers=config.dra_drivers,
+            device_classes=config.dra_device_classes,
+            timeout_seconds=max(0.1, config.source_deadline_seconds * 0.8),
+        )
     ]
 
 
@@ -115,6 +143,7 @@ def cluster_sources(config: PipelineConfig) -> list[Source[Any]]:
         RayClusterSource(_ray_client(config), namespace, workload)
         if config.ray_address
         else NotConfigured(RAY_CLUSTER),
+        *_dra_source(config, "cluster"),
     ]
 
 

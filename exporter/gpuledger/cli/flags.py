@@ -124,6 +124,7 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     if simulated:
         return
     _add_node_flags(p)
+    _add_dra_flags(p)
     _add_engine_flags(p)
     _add_ray_flags(p)
     _add_cluster_view_flags(p)
@@ -252,6 +253,38 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         shown_default="false",
         action="store_true",
         default=_env_flag("PENDING_ALL_PODS"),
+    )
+
+
+def _add_dra_flags(p: argparse.ArgumentParser) -> None:
+    """Kubernetes DRA (resource.k8s.io/v1): which drivers and device classes are GPUs."""
+    _flag(
+        p,
+        "--dra",
+        "Kubernetes DRA: read ResourceSlices (node) or ResourceClaims (cluster), on when "
+        "Kubernetes is (auto) or off",
+        env="DRA",
+        shown_default="auto",
+        type=_one_of("auto", "off"),
+        default=_env("DRA", "auto"),
+    )
+    _flag(
+        p,
+        "--dra-device-class",
+        "DRA device classes whose claims are GPUs, repeatable (the variable: comma-separated)",
+        env="DRA_DEVICE_CLASSES",
+        shown_default="gpu.nvidia.com,mig.nvidia.com",
+        action="append",
+        default=None,
+    )
+    _flag(
+        p,
+        "--dra-driver",
+        "DRA drivers whose devices are GPUs, repeatable (the variable: comma-separated)",
+        env="DRA_DRIVERS",
+        shown_default="gpu.nvidia.com",
+        action="append",
+        default=None,
     )
 
 

@@ -164,6 +164,11 @@ def serve_config(args: argparse.Namespace) -> PipelineConfig:
         engine_targets=_list(args.vllm_target, "VLLM_TARGETS"),
         engine_discovery=args.vllm_discovery == "on",
         pending_all_pods=args.pending_all_pods,
+        dra=kubernetes and args.dra == "auto",
+        dra_device_classes=_list(
+            args.dra_device_class, "DRA_DEVICE_CLASSES", "gpu.nvidia.com,mig.nvidia.com"
+        ),
+        dra_drivers=_list(args.dra_driver, "DRA_DRIVERS", "gpu.nvidia.com"),
         ray_address=args.ray_address,
         ray_token=_read_token(args.ray_token_file),
         ray_workload=ray_workload(args.ray_address, args.ray_workload),

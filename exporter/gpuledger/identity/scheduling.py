@@ -29,11 +29,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "CLAIM_CAUSES",
     "DEFAULT_GPU_RESOURCES",
     "PENDING_REASONS",
-    "CLAIM_CAUSES",
-    "cause_nodes",
     "PLACEMENT_CAUSES",
+    "cause_nodes",
     "classify_pending",
     "classify_unschedulable",
     "is_gpu_resource",

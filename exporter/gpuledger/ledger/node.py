@@ -27,10 +27,10 @@ from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_
 from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
 from gpuledger.model import Snapshots, SourceStatus
+from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot
 from gpuledger.model.engines import ENGINES
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess
-from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot
 from gpuledger.model.podresources import (
     PODRESOURCES,
     ClaimAllocation,

@@ -24,6 +24,10 @@ Only what an informer needs, with the real wire behaviour:
   proxy transport skips verification: pods are addressed by IP); `404` for an unknown pod,
   `503` with a Status for a pod without an IP or one that cannot be read (a TLS pod asked
   without the prefix, a plain one with it); counted in `requests["proxy"]`.
+* `GET /apis/resource.k8s.io/v1/resourceslices` and `.../resourceclaims`
+  (`set_dra_objects`): a `ResourceSliceList`/`ResourceClaimList` of the
+  `resource.k8s.io/v1` API (Kubernetes 1.34), `fieldSelector=spec.nodeName=<node>` for
+  slices, no paging; `404` while no objects were set, as a server without DRA answers.
 * faults (`set_fault`): `refuse` (listening socket closed, connections cut), `http_500`,
   `forbidden` (403), `unauthorized` (401), `hang` (requests and open watches stall until
   the fault is cleared), `garbage` (200 with an HTML page instead of JSON), `truncated`
@@ -109,6 +113,10 @@ _OWNER_API = {
     "RayCluster": "ray.io/v1",
     "Node": "v1",
 }
+
+
+# Dynamic Resource Allocation, GA in Kubernetes 1.34.
+DRA_API = "/apis/resource.k8s.io/v1"
 
 
 def _now_rfc3339(at: float | None = None) -> str:
@@ -503,7 +511,10 @@ class FakeApiServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._serve_thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
-        self.requests: dict[str, int] = {"list": 0, "watch": 0, "proxy": 0}
+        self.requests: dict[str, int] = {"list": 0, "watch": 0, "proxy": 0, "dra": 0}
+        # resource.k8s.io/v1 collections by resource name; a name absent answers 404,
+        # as a server without DRA (before 1.34, or the API group turned off) does.
+        self._dra: dict[str, list[dict[str, Any]]] = {}
         self.proxy_deadline = 30.0  # seconds a pods/proxy read may take, connect to last byte
         self.proxy_max_bytes = 128 * 1024 * 1024
 
@@ -652,6 +663,37 @@ class FakeApiServer:
             final = copy.deepcopy(old)
             return self._record("DELETED", old, final)
 
+    def set_dra_objects(self, resource: str, items: Sequence[Mapping[str, Any]]) -> None:
+        """Serve `items` at /apis/resource.k8s.io/v1/<resource> (resourceslices,
+        resourceclaims), list only; `fieldSelector=spec.nodeName=` filters slices."""
+        with self._cond:
+            self._dra[resource] = [copy.deepcopy(dict(i)) for i in items]
+
+    def _serve_dra(self, handler: _Handler, resource: str, query: Mapping[str, str]) -> None:
+        with self._cond:
+            self.requests["dra"] += 1
+            items = self._dra.get(resource)
+            rv = self._rv
+        if items is None or query.get("watch") in ("true", "1"):
+            handler.send_json(
+                404, _status(404, "NotFound", "the server could not find the requested resource")
+            )
+            return
+        wanted = query.get("fieldSelector", "")
+        if wanted.startswith("spec.nodeName="):
+            node = wanted.partition("=")[2]
+            items = [i for i in items if i.get("spec", {}).get("nodeName") == node]
+        kind = "ResourceSliceList" if resource == "resourceslices" else "ResourceClaimList"
+        handler.send_json(
+            200,
+            {
+                "kind": kind,
+                "apiVersion": "resource.k8s.io/v1",
+                "metadata": {"resourceVersion": str(rv)},
+                "items": items,
+            },
+        )
+
     def expire_history(self) -> None:
         """Forget every resourceVersion up to now: open watches get ERROR 410 and end,
         watches from an older version get 410, continue tokens expire."""
@@ -717,6 +759,9 @@ class FakeApiServer:
         namespace: str | None = None
         if proxied := _PROXY.match(parts.path):
             self._proxy(handler, proxied, parts.query)
+            return
+        if path.startswith(DRA_API + "/"):
+            self._serve_dra(handler, path[len(DRA_API) + 1 :], query)
             return
         if path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
             namespace = path[len("/api/v1/namespaces/") : -len("/pods")]

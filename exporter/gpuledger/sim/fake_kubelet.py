@@ -34,7 +34,15 @@ import grpc
 
 from gpuledger.protocols.podresources import api_pb2
 
-__all__ = ["FAULTS", "ContainerSpec", "DeviceGroup", "FakeKubelet", "Fault", "PodSpec"]
+__all__ = [
+    "FAULTS",
+    "ContainerSpec",
+    "DeviceGroup",
+    "DynamicSpec",
+    "FakeKubelet",
+    "Fault",
+    "PodSpec",
+]
 
 Fault = Literal[
     "ok",
@@ -54,6 +62,9 @@ DeviceGroup = tuple[str, Sequence[str]]
 ContainerSpec = tuple[str, Sequence[DeviceGroup]]
 # (namespace, pod name, containers)
 PodSpec = tuple[str, str, Sequence[ContainerSpec]]
+# A DRA device of a container (PodResources v1 `dynamic_resources`, kubelet 1.34):
+# (namespace, pod, container, claim namespace, claim name, driver, pool, device)
+DynamicSpec = tuple[str, str, str, str, str, str, str, str]
 
 # Just over the source's default 16 MiB receive limit.
 HUGE_BYTES: Final = 17 * 1024 * 1024
@@ -149,6 +160,7 @@ class FakeKubelet:
         self._lock = threading.Lock()
         self._pods: tuple[PodSpec, ...] = ()
         self._allocatable: tuple[DeviceGroup, ...] = ()
+        self._dynamic: tuple[DynamicSpec, ...] = ()
         self._fault: Fault = "ok"
         self._huge_cache: api_pb2.ListPodResourcesResponse | None = None
         # What List answers under the `garbage` fault (tests may set any bytes).
@@ -168,6 +180,11 @@ class FakeKubelet:
         )
         with self._lock:
             self._pods = frozen
+
+    def set_dynamic(self, entries: Sequence[DynamicSpec]) -> None:
+        """DRA devices per container; a pod or container not in `set_pods` is added."""
+        with self._lock:
+            self._dynamic = tuple(entries)
 
     def set_allocatable(self, groups: Sequence[DeviceGroup]) -> None:
         """`[(resource, [device_id, ...]), ...]`: what GetAllocatableResources reports."""
@@ -257,18 +274,37 @@ class FakeKubelet:
 
     def _list_response(self) -> api_pb2.ListPodResourcesResponse:
         with self._lock:
-            pods = self._pods
+            pods, dynamic = self._pods, self._dynamic
+        # As the kubelet does: one entry per pod and container, devices and claims in it.
+        order: dict[tuple[str, str], dict[str, api_pb2.ContainerResources]] = {}
+        for namespace, name, containers in pods:
+            found = order.setdefault((namespace, name), {})
+            for container, groups in containers:
+                entry = found.setdefault(container, api_pb2.ContainerResources(name=container))
+                entry.devices.extend(_groups(groups))
+        for namespace, name, container, claim_ns, claim, driver, pool, device in dynamic:
+            found = order.setdefault((namespace, name), {})
+            entry = found.setdefault(container, api_pb2.ContainerResources(name=container))
+            entry.dynamic_resources.append(
+                api_pb2.DynamicResource(
+                    claim_name=claim,
+                    claim_namespace=claim_ns,
+                    claim_resources=[
+                        api_pb2.ClaimResource(
+                            cdi_devices=[api_pb2.CDIDevice(name=f"k8s.{driver}/claim={device}")],
+                            driver_name=driver,
+                            pool_name=pool,
+                            device_name=device,
+                        )
+                    ],
+                )
+            )
         return api_pb2.ListPodResourcesResponse(
             pod_resources=[
                 api_pb2.PodResources(
-                    name=name,
-                    namespace=namespace,
-                    containers=[
-                        api_pb2.ContainerResources(name=container, devices=_groups(groups))
-                        for container, groups in containers
-                    ],
+                    name=name, namespace=namespace, containers=list(containers.values())
                 )
-                for namespace, name, containers in pods
+                for (namespace, name), containers in order.items()
             ]
         )
 

@@ -55,11 +55,13 @@ from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
 from gpuledger.sim.ray_jobs import ray_job_rows
 from gpuledger.sim.scenario import (
     Scenario,
+    SimDra,
     SimEngineServer,
     SimGpu,
     SimMig,
     SimPod,
     SimProcess,
+    SimSliceDevice,
     mig_devices,
 )
 from gpuledger.sim.sockets import write_sockets
@@ -193,7 +195,7 @@ def pod_object(
                 "lastTransitionTime": None,
             },
         ]
-    return make_pod(
+    obj = make_pod(
         pod.namespace,
         pod.name,
         uid=pod.uid,
@@ -212,6 +214,79 @@ def pod_object(
         else (),
         annotations=annotations,
     )
+    if pod.claims:
+        # Claims named directly (resourceClaimName); the first container uses them all.
+        obj["spec"]["resourceClaims"] = [{"name": c, "resourceClaimName": c} for c in pod.claims]
+        resources = obj["spec"]["containers"][0]["resources"]
+        resources["claims"] = [{"name": c} for c in pod.claims]
+    return obj
+
+
+def slice_objects(dra: SimDra) -> list[dict[str, Any]]:
+    """ResourceSlices (resource.k8s.io/v1) as the NVIDIA DRA driver publishes them."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{s.node}-{s.driver}-{i}"},
+            "spec": {
+                "driver": s.driver,
+                "nodeName": s.node,
+                "pool": {"name": s.pool, "generation": 1, "resourceSliceCount": 1},
+                "devices": [_slice_device(d) for d in s.devices],
+            },
+        }
+        for i, s in enumerate(dra.slices)
+    ]
+
+
+def _slice_device(d: SimSliceDevice) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "type": {"string": "mig" if d.parent_uuid else "gpu"},
+        "uuid": {"string": d.uuid},
+    }
+    if d.parent_uuid:
+        attributes["parentUUID"] = {"string": d.parent_uuid}
+    if d.profile:
+        attributes["profile"] = {"string": d.profile}
+    return {"name": d.name, "attributes": attributes}
+
+
+def claim_objects(dra: SimDra) -> list[dict[str, Any]]:
+    """ResourceClaims (resource.k8s.io/v1): one request of `count` devices of a class."""
+    out = []
+    for c in dra.claims:
+        status: dict[str, Any] = {}
+        if c.allocated:
+            status["allocation"] = {"devices": {"results": []}}
+        if c.reserved_for:
+            status["reservedFor"] = [{"resource": "pods", "name": p} for p in c.reserved_for]
+        metadata: dict[str, Any] = {"namespace": c.namespace, "name": c.name}
+        if c.deleting:
+            metadata["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+        out.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": metadata,
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {
+                                    "deviceClassName": c.device_class,
+                                    "allocationMode": "ExactCount",
+                                    "count": c.count,
+                                },
+                            }
+                        ]
+                    }
+                },
+                "status": status,
+            }
+        )
+    return out
 
 
 def _ray_workload(scenario: Scenario) -> tuple[str, str]:
@@ -345,6 +420,9 @@ class SimulatedNode:
         if self.apiserver is not None:
             self.apiserver.set_fault(state.kubernetes_fault)  # type: ignore[arg-type]
             self._sync_pods(state)
+            if state.dra is not None and state.dra.fault != "not_served":
+                self.apiserver.set_dra_objects("resourceslices", slice_objects(state.dra))
+                self.apiserver.set_dra_objects("resourceclaims", claim_objects(state.dra))
         if self.kubelet is not None:
             self._sync_allocations(state)
         if self.ray is not None:
@@ -471,6 +549,21 @@ class SimulatedNode:
             containers = grouped.setdefault((a.namespace, a.pod), {})
             containers.setdefault(a.container, []).append((a.resource, list(a.devices)))
         self.kubelet.set_pods([(ns, pod, list(cs.items())) for (ns, pod), cs in grouped.items()])
+        self.kubelet.set_dynamic(
+            [
+                (
+                    x.namespace,
+                    x.pod,
+                    x.container,
+                    x.claim_namespace,
+                    x.claim,
+                    x.driver,
+                    x.pool,
+                    x.device,
+                )
+                for x in state.dynamic
+            ]
+        )
 
     def pipeline_config(self, deadline_seconds: float = 5.0) -> PipelineConfig:
         socket = None
@@ -485,6 +578,7 @@ class SimulatedNode:
             source_deadline_seconds=deadline_seconds,
             podresources_socket=socket,
             kubernetes=self.apiserver is not None,
+            dra=self.scenario.dra is not None,
             # In cluster: none, the exporter reads the service account (see service_env).
             kubeconfig=None if self.apiserver is None or self.in_cluster else str(self.kubeconfig),
             engine_targets=tuple(

@@ -65,6 +65,7 @@ TOP_KEYS = frozenset(
         "phases",
         "kubernetes",
         "podresources",
+        "dra",
         "engines",
         "ray",
     }
@@ -111,16 +112,27 @@ POD_KEYS = frozenset(
         "pod_ip",
         "containers",
         "pending",
+        "claims",
     }
 )
 CONTAINER_KEYS = frozenset({"name", "id", "gpus", "gpu_resource"})
 OWNER_KEYS = frozenset({"kind", "name"})
 PENDING_KEYS = frozenset({"reason", "message"})
-PODRESOURCES_KEYS = frozenset({"allocations", "fault"})
+PODRESOURCES_KEYS = frozenset({"allocations", "dynamic", "fault"})
 ALLOCATION_KEYS = frozenset({"namespace", "pod", "container", "resource", "devices"})
 TARGET_KEYS = frozenset(
     {"kind", "pod", "name", "engines", "fault", "style", "api_server", "socket"}
 )
+DYNAMIC_KEYS = frozenset(
+    {"namespace", "pod", "container", "claim", "claim_namespace", "driver", "pool", "device"}
+)
+DRA_KEYS = frozenset({"slices", "claims", "fault"})
+DRA_SLICE_KEYS = frozenset({"driver", "pool", "node", "devices"})
+DRA_DEVICE_KEYS = frozenset({"name", "gpu"})
+DRA_CLAIM_KEYS = frozenset(
+    {"namespace", "name", "device_class", "count", "allocated", "reserved_for", "deleting"}
+)
+DRA_FAULTS = ("ok", "not_served")
 ENGINE_KEYS = frozenset(
     {
         "model_name",
@@ -200,6 +212,11 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
     "podresources.allocations[]": ALLOCATION_KEYS,
     "engines[]": TARGET_KEYS,
     "engines[].engines[]": ENGINE_KEYS,
+    "podresources.dynamic[]": DYNAMIC_KEYS,
+    "dra": DRA_KEYS,
+    "dra.slices[]": DRA_SLICE_KEYS,
+    "dra.slices[].devices[]": DRA_DEVICE_KEYS,
+    "dra.claims[]": DRA_CLAIM_KEYS,
     "ray": RAY_KEYS,
     "ray.nodes[]": RAY_NODE_KEYS,
     "ray.actors[]": RAY_ACTOR_KEYS,
@@ -297,6 +314,7 @@ class SimPod:
     pending_reason: str | None  # Unschedulable | SchedulingGated
     pending_message: str
     raw: Mapping[str, Any]  # the document, so a phase can patch it
+    claims: tuple[str, ...] = ()  # ResourceClaim names (spec.resourceClaims)
 
     @property
     def key(self) -> str:
@@ -310,6 +328,54 @@ class SimAllocation:
     container: str
     resource: str
     devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SimDynamic:
+    """A DRA device the kubelet reports for a container (PodResources `dynamic_resources`)."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str
+    claim_namespace: str
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True)
+class SimSliceDevice:
+    name: str
+    uuid: str  # the GPU or MIG device it is
+    parent_uuid: str | None = None
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
+class SimSlice:
+    driver: str
+    pool: str
+    node: str
+    devices: tuple[SimSliceDevice, ...]
+
+
+@dataclass(frozen=True)
+class SimClaim:
+    namespace: str
+    name: str
+    device_class: str
+    count: int
+    allocated: bool
+    reserved_for: tuple[str, ...]  # pod names
+    deleting: bool
+
+
+@dataclass(frozen=True)
+class SimDra:
+    slices: tuple[SimSlice, ...]
+    claims: tuple[SimClaim, ...]
+    fault: str = "ok"
 
 
 @dataclass(frozen=True)
@@ -473,6 +539,8 @@ class Scenario:
     allocations: tuple[SimAllocation, ...] | None = None
     podresources_fault: str = "ok"
     engines: tuple[SimEngineServer, ...] = ()
+    dynamic: tuple[SimDynamic, ...] = ()
+    dra: SimDra | None = None
     ray: SimRay | None = None
 
     def at_phase(self, name: str | None) -> Scenario:
@@ -756,6 +824,10 @@ def _pod(doc: object, at: _Path, node: str) -> SimPod:
         pending_reason=reason,
         pending_message=str(pending.get("message", "")),
         raw=frozen_map(d),
+        claims=tuple(
+            _str(c, at / "claims" / i, "a ResourceClaim name")
+            for i, c in enumerate(_list(d.get("claims") or [], at / "claims"))
+        ),
     )
 
 
@@ -859,7 +931,9 @@ def _kubernetes(doc: object, at: _Path, node: str) -> tuple[tuple[SimPod, ...], 
     return pods, fault
 
 
-def _podresources(doc: object, at: _Path) -> tuple[tuple[SimAllocation, ...], str]:
+def _podresources(
+    doc: object, at: _Path, node: str
+) -> tuple[tuple[SimAllocation, ...], str, tuple[SimDynamic, ...]]:
     d = _mapping(doc, at)
     _check_keys(d, PODRESOURCES_KEYS, at)
     fault = d.get("fault", "ok")
@@ -869,7 +943,91 @@ def _podresources(doc: object, at: _Path) -> tuple[tuple[SimAllocation, ...], st
         _allocation(a, at / "allocations" / i)
         for i, a in enumerate(_list(d.get("allocations"), at / "allocations"))
     )
-    return allocations, fault
+    dynamic = tuple(
+        _dynamic(x, at / "dynamic" / i, node)
+        for i, x in enumerate(_list(d.get("dynamic") or [], at / "dynamic"))
+    )
+    return allocations, fault, dynamic
+
+
+def _dynamic(doc: object, at: _Path, node: str) -> SimDynamic:
+    d = _mapping(doc, at)
+    _check_keys(d, DYNAMIC_KEYS, at)
+    namespace = _str(d.get("namespace", "default"), at / "namespace")
+    return SimDynamic(
+        namespace=namespace,
+        pod=_str(d.get("pod"), at / "pod", "a pod name"),
+        container=_str(d.get("container", "main"), at / "container"),
+        claim=_str(d.get("claim"), at / "claim", "a ResourceClaim name"),
+        claim_namespace=_str(d.get("claim_namespace", namespace), at / "claim_namespace"),
+        driver=_str(d.get("driver", "gpu.nvidia.com"), at / "driver"),
+        pool=_str(d.get("pool", node), at / "pool"),
+        device=_str(d.get("device"), at / "device", "a device name like gpu-0"),
+    )
+
+
+def _dra(doc: object, at: _Path, node: str, gpus: tuple[SimGpu, ...]) -> SimDra:
+    d = _mapping(doc, at)
+    _check_keys(d, DRA_KEYS, at)
+    fault = d.get("fault", "ok")
+    if fault not in DRA_FAULTS:
+        raise (at / "fault").fail(f"one of {', '.join(DRA_FAULTS)}", fault)
+    slices = tuple(
+        _slice(x, at / "slices" / i, node, gpus)
+        for i, x in enumerate(_list(d.get("slices") or [], at / "slices"))
+    )
+    claims = tuple(
+        _claim(x, at / "claims" / i)
+        for i, x in enumerate(_list(d.get("claims") or [], at / "claims"))
+    )
+    return SimDra(slices=slices, claims=claims, fault=str(fault))
+
+
+def _slice(doc: object, at: _Path, node: str, gpus: tuple[SimGpu, ...]) -> SimSlice:
+    d = _mapping(doc, at)
+    _check_keys(d, DRA_SLICE_KEYS, at)
+    migs = mig_devices(gpus)
+    whole = {g.uuid for g in gpus}
+    devices = []
+    for i, x in enumerate(_list(d.get("devices"), at / "devices")):
+        where = at / "devices" / i
+        dm = _mapping(x, where)
+        _check_keys(dm, DRA_DEVICE_KEYS, where)
+        gpu = _str(dm.get("gpu"), where / "gpu", "the UUID of a GPU or MIG device under gpus")
+        if gpu not in whole and gpu not in migs:
+            raise (where / "gpu").fail("the UUID of a GPU or MIG device under gpus", gpu)
+        parent, mig = migs.get(gpu, (None, None))
+        devices.append(
+            SimSliceDevice(
+                name=_str(dm.get("name"), where / "name", "a device name like gpu-0"),
+                uuid=gpu,
+                parent_uuid=parent.uuid if parent else None,
+                profile=mig.profile if mig else None,
+            )
+        )
+    return SimSlice(
+        driver=_str(d.get("driver", "gpu.nvidia.com"), at / "driver"),
+        pool=_str(d.get("pool", node), at / "pool"),
+        node=_str(d.get("node", node), at / "node"),
+        devices=tuple(devices),
+    )
+
+
+def _claim(doc: object, at: _Path) -> SimClaim:
+    d = _mapping(doc, at)
+    _check_keys(d, DRA_CLAIM_KEYS, at)
+    return SimClaim(
+        namespace=_str(d.get("namespace", "default"), at / "namespace"),
+        name=_str(d.get("name"), at / "name", "a ResourceClaim name"),
+        device_class=_str(d.get("device_class", "gpu.nvidia.com"), at / "device_class"),
+        count=_int(d.get("count", 1), at / "count", 1),
+        allocated=_bool(d.get("allocated", False), at / "allocated"),
+        reserved_for=tuple(
+            _str(p, at / "reserved_for" / i, "a pod name")
+            for i, p in enumerate(_list(d.get("reserved_for") or [], at / "reserved_for"))
+        ),
+        deleting=_bool(d.get("deleting", False), at / "deleting"),
+    )
 
 
 RAY_FAULTS = ("ok", "refuse", "hang", "http_500", "garbage", "result_false")
@@ -1255,9 +1413,13 @@ def parse_scenario(doc: object, source: str) -> Scenario:
     pods, k8s_fault = (None, "ok")
     if d.get("kubernetes") is not None:
         pods, k8s_fault = _kubernetes(d.get("kubernetes"), at / "kubernetes", node)
-    allocations, pr_fault = (None, "ok")
+    allocations, pr_fault = None, "ok"
+    dynamic: tuple[SimDynamic, ...] = ()
     if d.get("podresources") is not None:
-        allocations, pr_fault = _podresources(d.get("podresources"), at / "podresources")
+        allocations, pr_fault, dynamic = _podresources(
+            d.get("podresources"), at / "podresources", node
+        )
+    dra = _dra(d["dra"], at / "dra", node, gpus) if d.get("dra") is not None else None
     # The alias's entries are vLLM's, which they were before other kinds.
     alias_kind = KINDS[0].name if "engines" not in given else None
     engines = tuple(
@@ -1289,6 +1451,8 @@ def parse_scenario(doc: object, source: str) -> Scenario:
         allocations=allocations,
         podresources_fault=pr_fault,
         engines=engines,
+        dynamic=dynamic,
+        dra=dra,
         source=source,
         node=node,
         description=str(d.get("description", "")),
