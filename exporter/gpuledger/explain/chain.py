@@ -548,6 +548,7 @@ def render_text(result: Mapping[str, Any]) -> str:
                 f"  pod {p['namespace']}/{p['name']}  uid {p['uid']}  NOT PLACED: "
                 f"{p['reason']}  ({p['gpus']} GPU(s) requested)"
             )
+            lines.extend(_claim_lines(p))
         for entry in w["pods"]:
             lines.extend(_pod_lines(entry))
             note = ordinal_note(entry)
@@ -640,6 +641,13 @@ def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
                 f"{'?' if d.get('gpu_index') is None else d['gpu_index']} on {c['node']}  "
                 f"({d['source']})"
             )
+        for a in c["allocations"]:
+            if a.get("claim"):
+                k = a["claim"]
+                lines.append(
+                    f"      claim {k['namespace']}/{k['name']}: DRA device {k['driver']}/"
+                    f"{k['pool']}/{k['device']} -> {a['gpu_uuid']}"
+                )
         if not c["allocations"] and not c["devices"]:
             lines.append("      no GPU allocation known for this container")
     for p in entry["processes"]:
@@ -650,6 +658,32 @@ def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"    process {p['pid']} {p['title'] or '?'}" + (f"  holds {held}" if held else "")
         )
+    return lines
+
+
+# What each claim reason says about the pod's claims (docs/explain.md).
+_CLAIM_TEXT = {
+    "claim_unallocatable": "no device of class {classes} fits on {nodes}",
+    "device_class_missing": "device class {classes} does not exist",
+    "claim_deleting": "the claim is being deleted",
+    "claim_in_use": "reserved for {reserved} pod(s) already",
+    "claim_allocating": "being allocated by the scheduler",
+}
+
+
+def _claim_lines(p: Mapping[str, Any]) -> list[str]:
+    """One line per GPU claim of a pending pod, saying why it waits when a claim does."""
+    text = _CLAIM_TEXT.get(p.get("reason") or "")
+    nodes = p.get("nodes")
+    lines = []
+    for c in p.get("claims") or ():
+        why = (text or "{gpus} GPU(s) of class {classes}").format(
+            classes=", ".join(c["device_classes"]),
+            nodes=f"{nodes} nodes" if nodes is not None else "any node",
+            reserved=c["reserved_for"],
+            gpus=c["gpus"],
+        )
+        lines.append(f"    claim {c['name']}: {why}")
     return lines
 
 

@@ -1,0 +1,89 @@
+"""Kubernetes DRA (issue 21): GPUs allocated through ResourceClaims are joined like
+device-plugin GPUs, and a pod waiting on its claims is pending for a claims reason."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from gpuledger.explain.chain import explain, render_text
+from gpuledger.sim.harness import settled_document
+from gpuledger.sim.scenario import load_scenario
+from tests.conftest import REPO
+
+SCENARIOS = REPO / "tests" / "fixtures" / "scenarios"
+G0 = "GPU-d0000000-0000-4000-8000-000000000000"
+G1 = "GPU-d1000000-0000-4000-8000-000000000001"
+G2 = "GPU-d2000000-0000-4000-8000-000000000002"
+G4 = "GPU-d4000000-0000-4000-8000-000000000004"
+MIG = "MIG-d3a00000-0000-4000-8000-000000000031"
+
+
+@cache
+def node_doc() -> dict[str, Any]:
+    return settled_document(load_scenario(SCENARIOS / "dra-node.yaml"))
+
+
+@cache
+def cluster_doc() -> dict[str, Any]:
+    return settled_document(load_scenario(SCENARIOS / "dra-cluster.yaml"))
+
+
+def _allocations(pod: str) -> list[dict[str, Any]]:
+    doc = node_doc()
+    return [a for c in doc["containers"] if c.get("pod") == pod for a in c["allocations"]]
+
+
+def _active(kind: str) -> set[tuple[str, str]]:
+    return {(d["pod"], d["gpu_uuid"]) for d in node_doc()["discrepancies"] if d["kind"] == kind}
+
+
+def test_claim_gpu_is_allocated_with_its_claim_and_not_unallocated_use() -> None:
+    [held] = _allocations("trainer")
+    assert held["gpu_uuid"] == G2
+    assert held["claim"]["name"] == "gpu-claim"
+    assert held["claim"]["device"] == "gpu-2"
+    assert ("trainer", G2) not in _active("unallocated_use")
+    assert ("trainer", G2) not in _active("allocated_unused")
+
+
+def test_mig_device_and_shared_claim_are_attributed_right() -> None:
+    [mig] = _allocations("mig-pod")
+    assert mig["gpu_uuid"] == MIG and mig["claim"]["name"] == "mig-claim"
+    for pod in ("share-a", "share-b"):
+        [shared] = _allocations(pod)
+        assert (shared["gpu_uuid"], shared["claim"]["name"]) == (G1, "shared-gpu")
+    assert not _active("unallocated_use")
+
+
+def test_device_plugin_and_dra_gpus_on_one_node_both_report() -> None:
+    [plugin] = _allocations("dp-pod")
+    assert (plugin["gpu_uuid"], plugin["resource"], plugin["claim"]) == (G0, "nvidia.com/gpu", None)
+    assert {s["source"]: s["state"] for s in node_doc()["sources"]}["dra"] == "up"
+
+
+def test_device_in_no_slice_is_said_not_guessed() -> None:
+    assert _allocations("late-pod") == []
+    assert ("late-pod", G4) not in _active("unallocated_use")
+    assert any("gpu.nvidia.com/dra-node-1/gpu-4" in u for u in node_doc()["unknowns"])
+
+
+def test_dra_pods_are_gpu_pods() -> None:
+    pods = {p["name"]: p["gpu_requests"] for p in node_doc()["pods"]}
+    assert pods["trainer"] == 1 and pods["late-pod"] == 1
+
+
+def test_explain_shows_the_claim_in_the_chain() -> None:
+    text = render_text(explain([node_doc()], pod="ml/trainer"))
+    assert "claim ml/gpu-claim: DRA device gpu.nvidia.com/dra-node-1/gpu-2 -> " + G2 in text
+
+
+def test_pod_that_cannot_allocate_its_claims_is_pending_for_a_claims_reason() -> None:
+    pending = {p["name"]: p for p in cluster_doc()["pending"]}
+    assert pending["claim-pod"]["reason"] == "claim_unallocatable"
+    assert pending["claim-pod"]["gpus"] == 2
+    assert pending["classless-0"]["reason"] == "device_class_missing"
+    result = explain([cluster_doc()], workload="ml/claim-job")
+    assert result["workloads"][0]["verdict"]["reason"] == "claim_unallocatable"
+    text = render_text(result)
+    assert "claim gpu-claim: no device of class gpu.nvidia.com fits on 6 nodes" in text
