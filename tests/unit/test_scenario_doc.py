@@ -63,7 +63,14 @@ def skeleton() -> dict[str, Any]:
                 }
             ]
         },
-        "podresources": {"allocations": [{"pod": "p"}]},
+        "podresources": {
+            "allocations": [{"pod": "p"}],
+            "dynamic": [{"pod": "p", "claim": "c", "device": "gpu-0"}],
+        },
+        "dra": {
+            "slices": [{"devices": [{"name": "gpu-0", "gpu": GPU}]}],
+            "claims": [{"name": "c"}],
+        },
         "engines": [{"kind": "vllm", "pod": "default/p", "engines": [{}]}],
         "ray": {
             "nodes": [{"name": "head"}],
