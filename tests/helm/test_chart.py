@@ -47,6 +47,7 @@ OPTIONAL_KINDS = MONITORING_KINDS | {"ConfigMap", "NetworkPolicy"}
 # The mixin's rules and dashboards select scrape jobs with this (config.libsonnet).
 MIXIN_JOB_SELECTOR = re.compile(r"gpuledger.*")
 READ_VERBS = {"get", "list", "watch"}
+READ_VERBS_ORDER = ["get", "list", "watch"]
 
 
 def test_scenarios_cover_the_install_cases() -> None:
@@ -398,13 +399,17 @@ def test_deployment_needs_no_host_access_and_runs_as_non_root() -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_rbac_is_read_only_pods(scenario: str) -> None:
+    """Pods, and DRA's objects where read: the node agent its slices, the cluster view claims."""
     manifests = render(scenario)
     roles = of_kind(manifests, "ClusterRole") + of_kind(manifests, "Role")
     assert roles
+    dra = {"node": ["resourceslices"], "cluster": ["resourceclaims"]}
     for role in roles:
+        name = role["metadata"]["name"]
+        granted = {(tuple(r["apiGroups"]), tuple(r["resources"])) for r in role["rules"]}
+        want = dra["node" if name.endswith("-node") else "cluster"]
+        assert granted == {(("",), ("pods",)), (("resource.k8s.io",), tuple(want))}, name
         for rule in role["rules"]:
-            assert rule["apiGroups"] == [""], role["metadata"]["name"]
-            assert rule["resources"] == ["pods"], role["metadata"]["name"]
             assert set(rule["verbs"]) <= READ_VERBS, rule["verbs"]
             assert "resourceNames" not in rule and "nonResourceURLs" not in rule
 
@@ -425,8 +430,10 @@ def test_rbac_grants_exactly_list_and_watch_to_each_account() -> None:
         bound[subject["name"]] = role
     assert set(bound) == accounts
     for role in bound.values():
+        dra = "resourceslices" if role["metadata"]["name"].endswith("-node") else "resourceclaims"
         assert role["rules"] == [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["resource.k8s.io"], "resources": [dra], "verbs": READ_VERBS_ORDER},
         ]
 
 
