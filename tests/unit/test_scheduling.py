@@ -191,7 +191,38 @@ MESSAGES: list[tuple[str, str, str]] = [
     (
         "dynamic resource allocation",
         "0/1 nodes are available: 1 cannot allocate all claims.",
-        "other",
+        "claim_unallocatable",
+    ),
+    (
+        "DRA: claim allocated on another node beside a selector",
+        "0/6 nodes are available: 5 resourceclaim not available on the node, "
+        "1 node(s) didn't match Pod's node affinity/selector.",
+        "claim_unallocatable",
+    ),
+    (
+        "DRA: a device class that does not exist",
+        "0/6 nodes are available: device class gpu.nvidia.comm does not exist.",
+        "device_class_missing",
+    ),
+    (
+        "DRA: claim being deleted",
+        'resourceclaim "ml/gpu-claim" is being deleted',
+        "claim_deleting",
+    ),
+    (
+        "DRA: shared claim fully reserved",
+        "0/6 nodes are available: resourceclaim in use.",
+        "claim_in_use",
+    ),
+    (
+        "DRA: claim being allocated",
+        "resource claim ml/gpu-claim is in the process of being allocated",
+        "claim_allocating",
+    ),
+    (
+        "DRA: a device-plugin shortage outweighs fewer claim nodes",
+        "0/6 nodes are available: 4 Insufficient nvidia.com/gpu, 2 cannot allocate all claims.",
+        "insufficient_gpu",
     ),
     (
         "no header",
