@@ -345,7 +345,7 @@ DRA_ALLOCATION_INFO: Final = declare(
     "gpuledger_dra_allocation_info",
     INFO,
     KUBERNETES,
-    help="1: this container holds this GPU through a DRA ResourceClaim (labels as dcgm-exporter's).",
+    help="1: this container holds this GPU through a DRA ResourceClaim (dcgm-exporter's labels).",
     labels=(
         "gpu_uuid",
         "namespace",
@@ -444,8 +444,11 @@ POD_PENDING_PLACEMENT: Final = declare(
     meaning=(
         "1 per pod requesting GPUs with `PodScheduled=False`. `reason`: "
         "`scheduling_gated` (e.g. Kueue has not admitted it), or the dominant cause in "
-        "the scheduler's `Unschedulable` message: `insufficient_gpu`, `node_selector`, "
-        "`affinity`, `taint`, `other`."
+        "the scheduler's `Unschedulable` message: `insufficient_gpu`, the DRA causes "
+        "`claim_unallocatable`, `device_class_missing`, `claim_deleting`, `claim_in_use`, "
+        "`claim_allocating` (kube-scheduler 1.34 `DynamicResources`), then "
+        "`node_selector`, `affinity`, `taint`, `other`. A pod's GPUs include those its "
+        "ResourceClaims ask of a GPU device class (`--dra-device-class`)."
     ),
 )
 
