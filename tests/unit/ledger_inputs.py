@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,10 +17,17 @@ from gpuledger.identity.cgroup import CgroupIdentity
 from gpuledger.ledger import Ledger, build_ledger
 from gpuledger.model import Snapshots
 from gpuledger.model.bundle import Key
+from gpuledger.model.dra import DRA, DraSnapshot, SliceDevice
 from gpuledger.model.engines import ENGINES, EngineMetrics, EngineScrape, EngineTarget
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess, NvmlSnapshot
-from gpuledger.model.podresources import PODRESOURCES, DeviceAllocation, PodResourcesSnapshot
+from gpuledger.model.podresources import (
+    PODRESOURCES,
+    ClaimAllocation,
+    ClaimDevice,
+    DeviceAllocation,
+    PodResourcesSnapshot,
+)
 from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
 from gpuledger.model.ray import RAY_LOCAL, LocalRayNode, RayActor, RayNode, RaySnapshot
 
@@ -152,6 +160,7 @@ def ledger(mode: str = "node", **parts: Any) -> Ledger:
         "podresources": PODRESOURCES,
         "vllm": ENGINES,
         "ray": RAY_LOCAL,
+        "dra": DRA,
     }
     values = {keys[name]: value for name, value in parts.items()}
     return build_ledger(Snapshots(values), node=NODE, mode=mode, taken_at=0.0)
@@ -173,6 +182,23 @@ def allocations(rows: Iterable[tuple[PodInfo, int]]) -> PodResourcesSnapshot:
         ),
         None,
     )
+
+
+def claim_allocations(
+    base: PodResourcesSnapshot, rows: Iterable[tuple[PodInfo, int]]
+) -> tuple[PodResourcesSnapshot, DraSnapshot]:
+    """`base` plus a DRA claim per (pod, GPU) row, and the slice naming each GPU."""
+    claims = tuple(
+        ClaimAllocation(
+            p.namespace,
+            p.name,
+            "c",
+            ClaimDevice(p.namespace, f"claim-{g}", "gpu.nvidia.com", NODE, f"gpu-{g}"),
+        )
+        for p, g in rows
+    )
+    slices = tuple(SliceDevice("gpu.nvidia.com", NODE, f"gpu-{g}", uuid(g)) for _, g in rows)
+    return replace(base, claims=claims), DraSnapshot(devices=slices)
 
 
 def exposition(published: Published | Ledger) -> str:

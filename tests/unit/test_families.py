@@ -15,6 +15,7 @@ from gpuledger.ledger import EngineGpu, Ledger, Overflow
 from gpuledger.model.engines import EngineMetrics
 from tests.unit.ledger_inputs import (
     allocations,
+    claim_allocations,
     exposition,
     gpus,
     ledger,
@@ -30,7 +31,8 @@ from tests.unit.test_serve import capture_snapshot, serve_ledger
 # Ledger fields that are no family's rows: which ledger it is, and what only
 # /ledger.json and explain read (PIDs have no place in a series).
 IDENTITY = {"node", "mode", "taken_at", "driver_version"}
-NOT_EXPORTED = {"processes", "unknowns", "overflow"}
+# `claims`: the ResourceClaims pending pods name, for their explain lines.
+NOT_EXPORTED = {"processes", "unknowns", "overflow", "claims"}
 LEDGER = {f.name: f for f in fields(Ledger)}
 OVERFLOW = {f.name: f for f in fields(Overflow)}
 
@@ -76,11 +78,14 @@ def rich_ledgers() -> list[Ledger]:
     """Ledgers that, together, have a row in every family a cap can bite."""
     p = pod(1)
     table = [process(10, uid=p.uid, container=p.container_ids["c"])]
+    # GPU 1 through the device plugin, GPU 0 through a DRA claim.
+    podresources, dra = claim_allocations(allocations([(p, 1)]), [(p, 0)])
     containers = ledger(
         nvml=gpus(2, {0: [10]}),
         procs=procs(table),
         pods=pods([p]),
-        podresources=allocations([(p, 1)]),
+        podresources=podresources,
+        dra=dra,
     )
     actors, found = workers(2)
     ray = engine_ledger(actors, found, {0: [201], 1: [202]})
