@@ -28,7 +28,7 @@ from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
 from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot
-from gpuledger.model.engines import ENGINES
+from gpuledger.model.engines import ENGINES, EnginesSnapshot
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess
 from gpuledger.model.podresources import (
@@ -37,7 +37,7 @@ from gpuledger.model.podresources import (
     ClaimDevice,
     PodResourcesSnapshot,
 )
-from gpuledger.model.procfs import PROCESSES, ProcessInfo
+from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL, LocalRayNode
 from gpuledger.model.serve import SERVE
 
@@ -552,7 +552,6 @@ def build_ledger(
     pods = snapshots.get(PODS) if node_mode else None
     pending = None if node_mode else snapshots.get(PODS)
     podresources = snapshots.get(PODRESOURCES)
-    engine_scrapes = snapshots.get(ENGINES)
     ray_local = snapshots.get(RAY_LOCAL) if node_mode else None
     ray_cluster = None if node_mode else _ray_cluster(snapshots)
     sources = snapshots.statuses
@@ -561,31 +560,181 @@ def build_ledger(
     process_table: Mapping[int, ProcessInfo] = procs.processes if procs else {}
     pod_index = _Pods(pods)
 
-    memory_by_pid: dict[int, list[tuple[str, int | None]]] = defaultdict(list)
-    for device, on_device in device_processes(gpus):
-        for proc in on_device:
-            memory_by_pid[proc.pid].append((device, proc.used_memory_bytes))
-
-    refs = {pid: container_of(info, pod_index) for pid, info in process_table.items()}
-    members: dict[ContainerRef, list[ProcessInfo]] = defaultdict(list)
-    for pid, ref in refs.items():
-        if ref is not None:
-            members[ref].append(process_table[pid])
-
+    memory_by_pid = _memory_by_pid(gpus)
+    refs, members = _containers(process_table, pod_index)
     claims = _claim_allocations(podresources, pod_index, snapshots.get(DRA))
-    allocations = tuple(
+    allocations = _all_allocations(podresources, pod_index, host, claims)
+    maps = _device_maps(members, allocations, process_table, host)
+    usage, unattributed, views = _process_usage(
+        memory_by_pid,
+        process_table,
+        refs,
+        maps,
+        host,
+        devices=[d for d, _ in device_processes(gpus)] if procs is not None else [],
+    )
+    layers = _serving_layers(
+        snapshots,
+        previous,
+        memory_by_pid,
+        allocations if podresources is not None and pods is not None else None,
+        node_mode=node_mode,
+    )
+    ledger = Ledger(
+        node=node,
+        mode=mode,
+        taken_at=taken_at,
+        driver_version=nvml.driver_version if nvml else None,
+        gpus=gpus,
+        usage=usage,
+        unattributed=unattributed,
+        device_maps=_device_mappings(maps),
+        processes=tuple(views),
+        sources=tuple(sources),
+        allocations=allocations,
+        discrepancies=_discrepancies(
+            allocations,
+            usage,
+            allocations_known=podresources is not None and pods is not None,
+            usage_known=nvml is not None and procs is not None,
+            unresolved=claims.unresolved,
+        ),
+        pods=_pod_states(pods, _dra_gpus(podresources)),
+        engines=layers.engines,
+        pending=_pending_pods(pending, snapshots.get(DRA)),
+        unknowns=(
+            *_unknowns(sources),
+            *claims.unknowns,
+            *_serve_unknowns(layers.serve),
+            *ray_job_unknowns(ray_local),
+        ),
+        ray=layers.ray,
+        ray_cluster=ray_cluster,
+        serve=layers.serve,
+        claims=_pending_claims(pending, snapshots.get(DRA)),
+    )
+    return _capped(ledger, layers.overflow(gpus_over))
+
+
+def _all_allocations(
+    podresources: PodResourcesSnapshot | None,
+    pod_index: _Pods,
+    host: Sequence[HostGpu],
+    claims: _Claims,
+) -> tuple[Allocation, ...]:
+    """Device-plugin and DRA allocations alike, by container and device."""
+    return tuple(
         sorted(
             (*_allocations(podresources, pod_index, host), *claims.allocations),
             key=lambda a: _ref_and_uuid((a.container, a.gpu_uuid)),
         )
     )
-    maps = _device_maps(members, allocations, process_table, host)
-    device_maps = tuple(
+
+
+def _device_mappings(
+    maps: Mapping[ContainerRef, tuple[tuple[HostGpu, ...], str]],
+) -> tuple[DeviceMapping, ...]:
+    """Each container's ordinals in CUDA's order, with the rule that gave them."""
+    return tuple(
         DeviceMapping(ref, i, gpu.uuid, source)
         for ref, (mapped, source) in sorted(maps.items(), key=_by_ref)
         for i, gpu in enumerate(mapped)
     )
 
+
+def _pending_pods(pending: PodsSnapshot | None, dra: DraSnapshot | None) -> tuple[PodInfo, ...]:
+    """Cluster mode: the unplaced pods, their claims' GPUs counted, by namespace and name."""
+    if not pending:
+        return ()
+    return tuple(sorted(_pending_claim_gpus(pending, dra), key=lambda p: (p.namespace, p.name)))
+
+
+@dataclass(frozen=True)
+class _ServingLayers:
+    """Ray, the engines and Ray Serve as joined on this node, with what their caps cut."""
+
+    ray: RayLocal | None
+    ray_over: RayLocal | None
+    engines: tuple[Engine, ...]
+    engines_over: tuple[Engine, ...]
+    engine_gpus_over: tuple[Engine, ...]
+    serve: ServeLocal | None
+    serve_over: ServeLocal | None
+
+    def overflow(self, gpus: tuple[Gpu, ...]) -> Overflow:
+        """What the caps cut before the join's own cut (`_capped`): GPUs and these."""
+        return Overflow(
+            gpus=gpus,
+            engines=self.engines_over,
+            engine_gpus=self.engine_gpus_over,
+            ray=self.ray_over,
+            serve=self.serve_over,
+        )
+
+
+def _serving_layers(
+    snapshots: Snapshots,
+    previous: Ledger | None,
+    memory_by_pid: Mapping[int, list[tuple[str, int | None]]],
+    allocations: tuple[Allocation, ...] | None,
+    *,
+    node_mode: bool,
+) -> _ServingLayers:
+    nvml = snapshots.get(NVML)
+    procs = snapshots.get(PROCESSES)
+    process_table: Mapping[int, ProcessInfo] = procs.processes if procs else {}
+    ray_local = snapshots.get(RAY_LOCAL) if node_mode else None
+    gpu_by_pid = {pid: [uuid for uuid, _ in held] for pid, held in memory_by_pid.items()}
+    ray, ray_over = _ray_local(
+        ray_local,
+        process_table if procs is not None and nvml is not None else None,
+        memory_by_pid,
+        allocations,
+    )
+    engines, engines_over, engine_gpus_over = _joined_engines(
+        snapshots.get(ENGINES), procs, gpu_by_pid, previous, ray_local
+    )
+    serve, serve_over = build_serve(
+        snapshots.get(SERVE) if node_mode else None,
+        ray_local,
+        process_table if procs is not None else None,
+        engines,
+    )
+    return _ServingLayers(ray, ray_over, engines, engines_over, engine_gpus_over, serve, serve_over)
+
+
+def _memory_by_pid(gpus: Sequence[Gpu]) -> dict[int, list[tuple[str, int | None]]]:
+    """PID -> (device UUID, bytes) of every process NVML lists, on GPUs and MIG devices."""
+    memory: dict[int, list[tuple[str, int | None]]] = defaultdict(list)
+    for device, on_device in device_processes(gpus):
+        for proc in on_device:
+            memory[proc.pid].append((device, proc.used_memory_bytes))
+    return memory
+
+
+def _containers(
+    process_table: Mapping[int, ProcessInfo], pod_index: _Pods
+) -> tuple[dict[int, ContainerRef | None], dict[ContainerRef, list[ProcessInfo]]]:
+    """Each process's container (identity rule 2), and each container's processes."""
+    refs = {pid: container_of(info, pod_index) for pid, info in process_table.items()}
+    members: dict[ContainerRef, list[ProcessInfo]] = defaultdict(list)
+    for pid, ref in refs.items():
+        if ref is not None:
+            members[ref].append(process_table[pid])
+    return refs, members
+
+
+def _process_usage(
+    memory_by_pid: Mapping[int, list[tuple[str, int | None]]],
+    process_table: Mapping[int, ProcessInfo],
+    refs: Mapping[int, ContainerRef | None],
+    maps: Mapping[ContainerRef, tuple[tuple[HostGpu, ...], str]],
+    host: Sequence[HostGpu],
+    *,
+    devices: Sequence[str],
+) -> tuple[tuple[ContainerGpuUsage, ...], dict[str, int], tuple[ProcessView, ...]]:
+    """GPU memory per container and device, memory in no pod per device (each of `devices`
+    listed, 0 included; none when procfs was down), and every process's view."""
     usage_bytes: dict[tuple[ContainerRef, str], int] = defaultdict(int)
     usage_count: dict[tuple[ContainerRef, str], int] = defaultdict(int)
     unattributed: dict[str, int] = defaultdict(int)
@@ -614,25 +763,29 @@ def build_ledger(
                 cuda_devices=_cuda_devices(found, ref, maps, host, process_table, memo=device_memo),
             )
         )
-
-    if procs is not None:
-        for device, _ in device_processes(gpus):
-            unattributed.setdefault(device, 0)
+    for device in devices:  # every device known to hold 0 bytes in no pod, not unknown
+        unattributed.setdefault(device, 0)
     usage = tuple(
         ContainerGpuUsage(ref, uuid, usage_bytes[(ref, uuid)], usage_count[(ref, uuid)])
         for ref, uuid in sorted(usage_bytes, key=_ref_and_uuid)
     )
-    gpu_by_pid = {pid: [uuid for uuid, _ in held] for pid, held in memory_by_pid.items()}
-    ray, ray_over = _ray_local(
-        ray_local,
-        process_table if procs is not None and nvml is not None else None,
-        memory_by_pid,
-        allocations if podresources is not None and pods is not None else None,
-    )
-    engines, engines_over, engine_gpus_over = cap_engines(
+    return usage, dict(unattributed), tuple(views)
+
+
+def _joined_engines(
+    scrapes: EnginesSnapshot | None,
+    procs: ProcSnapshot | None,
+    gpu_by_pid: Mapping[int, list[str]],
+    previous: Ledger | None,
+    ray_local: Sequence[LocalRayNode] | None,
+) -> tuple[tuple[Engine, ...], tuple[Engine, ...], tuple[Engine, ...]]:
+    """The engines with their processes, GPUs and Ray jobs, cut to the cap: (kept, cut,
+    kept engines' GPU rows past the cap)."""
+    process_table: Mapping[int, ProcessInfo] = procs.processes if procs else {}
+    return cap_engines(
         link_ray_engines(
             build_engines(
-                engine_scrapes,
+                scrapes,
                 process_table,
                 gpu_by_pid,
                 known_engine_ids(previous.engines) if previous is not None else {},
@@ -642,60 +795,6 @@ def build_ledger(
             ray_local,
             process_table,
         )
-    )
-    serve, serve_over = build_serve(
-        snapshots.get(SERVE) if node_mode else None,
-        ray_local,
-        process_table if procs is not None else None,
-        engines,
-    )
-    ledger = Ledger(
-        node=node,
-        mode=mode,
-        taken_at=taken_at,
-        driver_version=nvml.driver_version if nvml else None,
-        gpus=gpus,
-        usage=usage,
-        unattributed=dict(unattributed),
-        device_maps=device_maps,
-        processes=tuple(views),
-        sources=tuple(sources),
-        allocations=allocations,
-        discrepancies=_discrepancies(
-            allocations,
-            usage,
-            allocations_known=podresources is not None and pods is not None,
-            usage_known=nvml is not None and procs is not None,
-            unresolved=claims.unresolved,
-        ),
-        pods=_pod_states(pods, _dra_gpus(podresources)),
-        engines=engines,
-        pending=tuple(
-            sorted(
-                _pending_claim_gpus(pending, snapshots.get(DRA)),
-                key=lambda p: (p.namespace, p.name),
-            )
-            if pending
-            else ()
-        ),
-        unknowns=_unknowns(sources)
-        + claims.unknowns
-        + _serve_unknowns(serve)
-        + ray_job_unknowns(ray_local),
-        ray=ray,
-        ray_cluster=ray_cluster,
-        serve=serve,
-        claims=_pending_claims(pending, snapshots.get(DRA)),
-    )
-    return _capped(
-        ledger,
-        Overflow(
-            gpus=gpus_over,
-            engines=engines_over,
-            engine_gpus=engine_gpus_over,
-            ray=ray_over,
-            serve=serve_over,
-        ),
     )
 
 
