@@ -193,6 +193,16 @@ def pod_scheduled_false(reason: str, message: str, since: float | None = None) -
     }
 
 
+_SERVING_IMAGE = "registry.example/serving:1.0"
+_RUNNING_CONDITIONS = (
+    "PodReadyToStartContainers",
+    "Initialized",
+    "Ready",
+    "ContainersReady",
+    "PodScheduled",
+)
+
+
 def make_pod(
     namespace: str,
     name: str,
@@ -225,66 +235,67 @@ def make_pod(
     """
     uid = uid or str(uuid.uuid4())
     created = _now_rfc3339()
-
-    def spec_of(entries: Sequence[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
-        out = []
-        for cname, gpus, _ in entries:
-            resources: dict[str, Any] = {"requests": {"cpu": "500m", "memory": "1Gi"}}
-            # A container may name its own, e.g. nvidia.com/mig-1g.10gb (MIG, mixed strategy).
-            resource = (container_resources or {}).get(cname, gpu_resource)
-            if gpus:
-                resources["limits"] = {resource: str(gpus)}
-                resources["requests"][resource] = str(gpus)
-            out.append(
-                {
-                    "name": cname,
-                    "image": "registry.example/serving:1.0",
-                    "resources": resources,
-                    "terminationMessagePath": "/dev/termination-log",
-                    "imagePullPolicy": "IfNotPresent",
-                }
-            )
-        return out
-
-    def statuses_of(entries: Sequence[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
-        out = []
-        for cname, _, cid in entries:
-            status: dict[str, Any] = {
-                "name": cname,
-                "image": "registry.example/serving:1.0",
-                "imageID": "",
-                "ready": cid is not None,
-                "restartCount": 0,
-                "started": cid is not None,
-                "state": {"running": {"startedAt": created}}
-                if cid is not None
-                else {"waiting": {"reason": "ContainerCreating"}},
-            }
-            if cid is not None:
-                status["containerID"] = cid
-            out.append(status)
-        return out
-
     if conditions is None:
-        conditions = (
-            [
-                {
-                    "type": kind,
-                    "status": "True",
-                    "lastProbeTime": None,
-                    "lastTransitionTime": created,
-                }
-                for kind in (
-                    "PodReadyToStartContainers",
-                    "Initialized",
-                    "Ready",
-                    "ContainersReady",
-                    "PodScheduled",
-                )
-            ]
-            if node is not None and phase == "Running"
-            else []
-        )
+        running = node is not None and phase == "Running"
+        conditions = _true_conditions(created) if running else []
+    metadata = _pod_metadata(
+        namespace,
+        name,
+        uid,
+        created=created,
+        labels=labels,
+        annotations=annotations,
+        owner=owner,
+        deleting=deleting,
+    )
+
+    def specs(entries: Sequence[tuple[str, int, str | None]]) -> list[dict[str, Any]]:
+        return _container_specs(entries, gpu_resource, container_resources or {})
+
+    spec: dict[str, Any] = {
+        "containers": specs(containers),
+        "restartPolicy": "Always",
+        "schedulerName": "default-scheduler",
+        "serviceAccountName": "default",
+        "tolerations": [
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}
+        ],
+    }
+    if init_containers:
+        spec["initContainers"] = specs(init_containers)
+    if ports:
+        spec["containers"][0]["ports"] = [
+            {"name": port_name, "containerPort": number, "protocol": "TCP"}
+            for port_name, number in ports.items()
+        ]
+    if node is not None:
+        spec["nodeName"] = node
+    if scheduling_gates:
+        spec["schedulingGates"] = [{"name": gate} for gate in scheduling_gates]
+    status: dict[str, Any] = {"phase": phase, "conditions": [dict(c) for c in conditions]}
+    if node is not None:
+        status |= _placed_status(created, containers, init_containers, pod_ip)
+    return {"kind": "Pod", "apiVersion": "v1", "metadata": metadata, "spec": spec, "status": status}
+
+
+def _true_conditions(created: str) -> list[dict[str, Any]]:
+    return [
+        {"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": created}
+        for kind in _RUNNING_CONDITIONS
+    ]
+
+
+def _pod_metadata(
+    namespace: str,
+    name: str,
+    uid: str,
+    *,
+    created: str,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    owner: tuple[str, str] | None,
+    deleting: bool,
+) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
@@ -310,38 +321,75 @@ def make_pod(
     if deleting:
         metadata["deletionTimestamp"] = created
         metadata["deletionGracePeriodSeconds"] = 30
-    spec: dict[str, Any] = {
-        "containers": spec_of(containers),
-        "restartPolicy": "Always",
-        "schedulerName": "default-scheduler",
-        "serviceAccountName": "default",
-        "tolerations": [
-            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}
-        ],
+    return metadata
+
+
+def _container_specs(
+    entries: Sequence[tuple[str, int, str | None]],
+    gpu_resource: str,
+    container_resources: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    out = []
+    for cname, gpus, _ in entries:
+        resources: dict[str, Any] = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+        # A container may name its own, e.g. nvidia.com/mig-1g.10gb (MIG, mixed strategy).
+        resource = container_resources.get(cname, gpu_resource)
+        if gpus:
+            resources["limits"] = {resource: str(gpus)}
+            resources["requests"][resource] = str(gpus)
+        out.append(
+            {
+                "name": cname,
+                "image": _SERVING_IMAGE,
+                "resources": resources,
+                "terminationMessagePath": "/dev/termination-log",
+                "imagePullPolicy": "IfNotPresent",
+            }
+        )
+    return out
+
+
+def _placed_status(
+    created: str,
+    containers: Sequence[tuple[str, int, str | None]],
+    init_containers: Sequence[tuple[str, int, str | None]],
+    pod_ip: str | None,
+) -> dict[str, Any]:
+    """The status fields the kubelet adds once a pod is on a node."""
+    status: dict[str, Any] = {
+        "hostIP": "10.0.0.10",
+        "startTime": created,
+        "qosClass": "Burstable",
+        "containerStatuses": _container_statuses(containers, created),
     }
     if init_containers:
-        spec["initContainers"] = spec_of(init_containers)
-    if ports:
-        spec["containers"][0]["ports"] = [
-            {"name": port_name, "containerPort": number, "protocol": "TCP"}
-            for port_name, number in ports.items()
-        ]
-    if node is not None:
-        spec["nodeName"] = node
-    if scheduling_gates:
-        spec["schedulingGates"] = [{"name": gate} for gate in scheduling_gates]
-    status: dict[str, Any] = {"phase": phase, "conditions": [dict(c) for c in conditions]}
-    if node is not None:
-        status["hostIP"] = "10.0.0.10"
-        status["startTime"] = created
-        status["qosClass"] = "Burstable"
-        status["containerStatuses"] = statuses_of(containers)
-        if init_containers:
-            status["initContainerStatuses"] = statuses_of(init_containers)
-        if pod_ip is not None:
-            status["podIP"] = pod_ip
-            status["podIPs"] = [{"ip": pod_ip}]
-    return {"kind": "Pod", "apiVersion": "v1", "metadata": metadata, "spec": spec, "status": status}
+        status["initContainerStatuses"] = _container_statuses(init_containers, created)
+    if pod_ip is not None:
+        status["podIP"] = pod_ip
+        status["podIPs"] = [{"ip": pod_ip}]
+    return status
+
+
+def _container_statuses(
+    entries: Sequence[tuple[str, int, str | None]], created: str
+) -> list[dict[str, Any]]:
+    out = []
+    for cname, _, cid in entries:
+        status: dict[str, Any] = {
+            "name": cname,
+            "image": _SERVING_IMAGE,
+            "imageID": "",
+            "ready": cid is not None,
+            "restartCount": 0,
+            "started": cid is not None,
+            "state": {"running": {"startedAt": created}}
+            if cid is not None
+            else {"waiting": {"reason": "ContainerCreating"}},
+        }
+        if cid is not None:
+            status["containerID"] = cid
+        out.append(status)
+    return out
 
 
 def make_agent_pod(
