@@ -789,35 +789,7 @@ class FakeRayDashboard:
         groups: list[dict[str, Any]],
         overrides: Mapping[str, Mapping[str, float]],
     ) -> bytes:
-        used: dict[str, dict[str, float]] = {n["node_id"]: {} for n in nodes}
-
-        def take(node_id: str | None, resources: Mapping[str, float]) -> None:
-            if node_id in used:
-                for name, amount in resources.items():
-                    used[node_id][name] = used[node_id].get(name, 0.0) + amount
-
-        for actor in actors:
-            if actor.get("state") == "ALIVE" and not actor.get("placement_group_id"):
-                take(actor.get("node_id"), actor.get("required_resources") or {})
-        for group in groups:
-            if group.get("state") == "CREATED":
-                for bundle in group.get("bundles") or []:
-                    take(bundle.get("node_id"), bundle.get("unit_resources") or {})
-        by_node: dict[str, dict[str, list[float]]] = {}
-        cluster: dict[str, list[float]] = {}
-        for node in nodes:
-            if node.get("state") != "ALIVE":
-                continue
-            node_used = dict(used[node["node_id"]], **overrides.get(node["node_id"], {}))
-            per_node: dict[str, list[float]] = {}
-            for name, total in node["resources_total"].items():
-                # google_style() below camel-cases these names, as the dashboard does.
-                pair = [min(total, node_used.get(name, 0.0)), total]
-                per_node[name] = pair
-                seen = cluster.setdefault(name, [0.0, 0.0])
-                seen[0] += pair[0]
-                seen[1] += pair[1]
-            by_node[node["node_id"]] = per_node
+        cluster, by_node = _usage(nodes, _used(nodes, actors, groups), overrides)
         pending_actors = [
             a.get("required_resources") or {}
             for a in actors
@@ -870,6 +842,51 @@ class FakeRayDashboard:
             }
         )
         return _envelope(True, "Got cluster status.", data)
+
+
+def _used(
+    nodes: list[dict[str, Any]], actors: list[dict[str, Any]], groups: list[dict[str, Any]]
+) -> dict[str, dict[str, float]]:
+    """Node id -> resources held by live actors outside groups and by created groups."""
+    used: dict[str, dict[str, float]] = {n["node_id"]: {} for n in nodes}
+
+    def take(node_id: str | None, resources: Mapping[str, float]) -> None:
+        if node_id in used:
+            for name, amount in resources.items():
+                used[node_id][name] = used[node_id].get(name, 0.0) + amount
+
+    for actor in actors:
+        if actor.get("state") == "ALIVE" and not actor.get("placement_group_id"):
+            take(actor.get("node_id"), actor.get("required_resources") or {})
+    for group in groups:
+        if group.get("state") == "CREATED":
+            for bundle in group.get("bundles") or []:
+                take(bundle.get("node_id"), bundle.get("unit_resources") or {})
+    return used
+
+
+def _usage(
+    nodes: list[dict[str, Any]],
+    used: Mapping[str, Mapping[str, float]],
+    overrides: Mapping[str, Mapping[str, float]],
+) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
+    """(cluster totals, per live node) of [used, total] for every resource."""
+    by_node: dict[str, dict[str, list[float]]] = {}
+    cluster: dict[str, list[float]] = {}
+    for node in nodes:
+        if node.get("state") != "ALIVE":
+            continue
+        node_used = dict(used[node["node_id"]], **overrides.get(node["node_id"], {}))
+        per_node: dict[str, list[float]] = {}
+        for name, total in node["resources_total"].items():
+            # google_style() camel-cases these names, as the dashboard does.
+            pair = [min(total, node_used.get(name, 0.0)), total]
+            per_node[name] = pair
+            seen = cluster.setdefault(name, [0.0, 0.0])
+            seen[0] += pair[0]
+            seen[1] += pair[1]
+        by_node[node["node_id"]] = per_node
+    return cluster, by_node
 
 
 # --------------------------------------------------------------------------- query
