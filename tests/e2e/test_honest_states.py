@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpuledger.document.codec import from_json
 from gpuledger.explain.chain import explain, render_text
 from tests.conftest import pick, samples, value
 from tests.e2e.servers import Served, demo, serve_without_hardware
@@ -94,7 +95,8 @@ def test_ledger_json_and_page_say_not_configured_not_down(plain: Served) -> None
 def test_explain_lists_no_unconfigured_source_as_a_failure(
     simulated: Served, plain: Served
 ) -> None:
-    result = explain([simulated.document(), plain.document()], workload="llm/llama-8b")
+    docs = [from_json(simulated.document()), from_json(plain.document())]
+    result = explain(docs, workload="llm/llama-8b")
     text = render_text(result)
     unknown = [line for line in text.splitlines() if line.startswith("unknown: ")]
     assert unknown == [

@@ -27,6 +27,7 @@ import pytest
 from gpuledger.cli import main
 from gpuledger.cli.flags import build_parser
 from gpuledger.cli.serve import cluster_ledger_page, serve_config
+from gpuledger.document.v1 import LedgerDocument
 from gpuledger.export.document import ledger_document
 from gpuledger.export.published import Published
 from gpuledger.pipeline import Pipeline
@@ -96,7 +97,7 @@ class World:
     issued: Issued
     other_ca: Path  # a CA that signed nothing the agents serve
     auth_file: Path
-    cluster_doc: dict[str, object]
+    cluster_doc: LedgerDocument
     protected: Cluster
     tls_only: Cluster
     stack: contextlib.ExitStack

@@ -6,7 +6,9 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from gpuledger.document.codec import from_json
 from gpuledger.explain.chain import explain, render_text
+from gpuledger.export.document import document_json
 from gpuledger.sim.harness import settled_document
 from gpuledger.sim.scenario import load_scenario
 from tests.conftest import REPO
@@ -21,12 +23,12 @@ MIG = "MIG-d3a00000-0000-4000-8000-000000000031"
 
 @cache
 def node_doc() -> dict[str, Any]:
-    return settled_document(load_scenario(SCENARIOS / "dra-node.yaml"))
+    return dict(document_json(settled_document(load_scenario(SCENARIOS / "dra-node.yaml"))))
 
 
 @cache
 def cluster_doc() -> dict[str, Any]:
-    return settled_document(load_scenario(SCENARIOS / "dra-cluster.yaml"))
+    return dict(document_json(settled_document(load_scenario(SCENARIOS / "dra-cluster.yaml"))))
 
 
 def _allocations(pod: str) -> list[dict[str, Any]]:
@@ -74,7 +76,7 @@ def test_dra_pods_are_gpu_pods() -> None:
 
 
 def test_explain_shows_the_claim_in_the_chain() -> None:
-    text = render_text(explain([node_doc()], pod="ml/trainer"))
+    text = render_text(explain([from_json(node_doc())], pod="ml/trainer"))
     assert "claim ml/gpu-claim: DRA device gpu.nvidia.com/dra-node-1/gpu-2 -> " + G2 in text
 
 
@@ -83,7 +85,7 @@ def test_pod_that_cannot_allocate_its_claims_is_pending_for_a_claims_reason() ->
     assert pending["claim-pod"]["reason"] == "claim_unallocatable"
     assert pending["claim-pod"]["gpus"] == 2
     assert pending["classless-0"]["reason"] == "device_class_missing"
-    result = explain([cluster_doc()], workload="ml/claim-job")
+    result = explain([from_json(cluster_doc())], workload="ml/claim-job")
     assert result["workloads"][0]["verdict"]["reason"] == "claim_unallocatable"
     text = render_text(result)
     assert "claim gpu-claim: no device of class gpu.nvidia.com fits on 6 nodes" in text

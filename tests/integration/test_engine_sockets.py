@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpuledger.export.document import ledger_document
+from gpuledger.document.codec import from_json
+from gpuledger.export.document import document_json, ledger_document
 from tests.conftest import pick, value
 
 GPUS = [f"GPU-30000000-0000-4000-8000-{i:012d}" for i in range(8)]
@@ -113,7 +114,7 @@ def shared_pod(socket: str = "readable") -> dict[str, Any]:
 
 def _document(run: Any) -> dict[str, Any]:
     published, _ = run.exporter.current()
-    return ledger_document(published)
+    return dict(document_json(ledger_document(published)))
 
 
 def _by_target(run: Any) -> dict[str, dict[str, Any]]:
@@ -205,7 +206,7 @@ def test_explain_and_the_page_say_when_engines_are_not_told_apart(simulate: Any)
 
     run = simulate(shared_pod("unreadable"))
     run.settle()
-    doc = _document(run)
+    doc = from_json(_document(run))
     text = render_text(explain([doc], pod="llm/two-engines-0"))
     lines = [line.strip() for line in text.splitlines()]
     said = (
@@ -218,6 +219,6 @@ def test_explain_and_the_page_say_when_engines_are_not_told_apart(simulate: Any)
     # Bound by their sockets, nothing more is said.
     readable = simulate(shared_pod())
     readable.settle()
-    doc = _document(readable)
+    doc = from_json(_document(readable))
     assert "processes unknown" not in render_text(explain([doc], pod="llm/two-engines-0"))
     assert "data-binding" not in render_page(doc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpuledger.document.v1 import LedgerDocument
 from gpuledger.explain.chain import EXIT_NOT_FOUND, ExplainError, explain, render_text
 from gpuledger.sim.harness import settled_document
 from gpuledger.sim.scenario import load_scenario
@@ -22,12 +24,12 @@ CLUSTER = SCENARIOS / "explain-cluster.yaml"
 
 
 @cache
-def node_doc(phase: str | None = None) -> dict[str, Any]:
+def node_doc(phase: str | None = None) -> LedgerDocument:
     return settled_document(load_scenario(NODE).at_phase(phase))
 
 
 @cache
-def cluster_doc() -> dict[str, Any]:
+def cluster_doc() -> LedgerDocument:
     return settled_document(load_scenario(CLUSTER))
 
 
@@ -76,6 +78,15 @@ def test_starting_while_the_model_loads() -> None:
     assert any("not answering" in e for e in v["evidence"])
 
 
+def test_a_down_engine_says_why_it_does_not_answer() -> None:
+    """The engine's scrape failure (its error_reason in the document) ends the evidence."""
+    doc = node_doc()
+    (down,) = [e for e in doc.engines if e.workload == "qwen"]
+    assert (down.up, down.error_reason) == (False, "refused")
+    text = render_text(explain([doc], workload="serve/qwen"))
+    assert f"evidence: serve/qwen-0 engine ? not answering at {down.url} (refused)" in text
+
+
 def test_engine_queueing_at_max_num_seqs_and_deferred() -> None:
     balanced = verdict(explain([node_doc("chat-balanced")], workload="serve/chat"))
     assert balanced["stage"] == "serving"
@@ -108,8 +119,9 @@ def test_unknown_objects_are_clear_messages() -> None:
 
 
 def test_missing_source_is_named_not_guessed() -> None:
-    doc = json.loads(json.dumps(node_doc()))
-    doc["unknowns"] = ["no PodResources: allocation unknown (socket_missing)"]
+    doc = dataclasses.replace(
+        node_doc(), unknowns=("no PodResources: allocation unknown (socket_missing)",)
+    )
     text = render_text(explain([doc], workload="serve/chat"))
     assert "unknown: gpu-node-7: no PodResources: allocation unknown (socket_missing)" in text
 

@@ -9,11 +9,11 @@ import os
 import subprocess
 import sys
 from functools import cache
-from typing import Any
 
 import pytest
 
 from gpuledger.cli.simulate import demo_scenario_path
+from gpuledger.document.v1 import LedgerDocument
 from gpuledger.explain.chain import (
     EXIT_NOT_FOUND,
     ORDINAL_NOTE,
@@ -33,12 +33,12 @@ KV_RUNBOOK = "runbooks#gpuledgerenginequeueingkvcachepressure"
 
 
 @cache
-def demo() -> dict[str, Any]:
+def demo() -> LedgerDocument:
     return settled_document(load_scenario(demo_scenario_path()))
 
 
 @cache
-def node() -> dict[str, Any]:
+def node() -> LedgerDocument:
     return settled_document(load_scenario(NODE))
 
 
@@ -97,7 +97,7 @@ def test_a_gpu_held_only_by_a_host_process_names_the_process() -> None:
 
 
 def test_a_gpu_nobody_holds_says_so() -> None:
-    free = next(g["uuid"] for g in demo()["gpus"] if g["index"] == 6)
+    free = next(g.uuid for g in demo().gpus if g.index == 6)
     result = explain([demo()], gpu=free)
     assert result["gpu"]["host_processes"] == [] and result["workloads"] == []
     assert "  no pod holds or uses this GPU" in render_text(result)
@@ -107,7 +107,7 @@ def test_an_ambiguous_gpu_prefix_lists_the_matching_gpus() -> None:
     message = _not_found(gpu="GPU-7")
     first, *listed = message.splitlines()
     assert first == "3 GPUs match 'GPU-7'; give more of the UUID:"
-    by_uuid = {g["uuid"]: g["index"] for g in demo()["gpus"]}
+    by_uuid = {g.uuid: g.index for g in demo().gpus}
     assert [line.split()[0] for line in listed] == [
         u for u in sorted(by_uuid, key=by_uuid.__getitem__) if u.startswith("GPU-7")
     ]

@@ -24,6 +24,7 @@ import pytest
 
 from gpuledger.cli import kubectl_main, main
 from gpuledger.explain import agents as agents_module
+from gpuledger.export.document import document_bytes
 from gpuledger.sim.fake_apiserver import (
     FakeApiServer,
     make_agent_pod,
@@ -43,7 +44,7 @@ TIMEOUT = 2.0
 
 @cache
 def document(scenario: str) -> bytes:
-    return json.dumps(settled_document(load_scenario(SCENARIOS / f"{scenario}.yaml"))).encode()
+    return document_bytes(settled_document(load_scenario(SCENARIOS / f"{scenario}.yaml")))
 
 
 class AgentServer:

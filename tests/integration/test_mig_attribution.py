@@ -195,13 +195,13 @@ def test_allocated_unused_and_unallocated_use_per_mig_device(simulate: Any) -> N
 
 
 def test_ledger_json_carries_mig_devices_under_their_gpu(simulate: Any) -> None:
-    from gpuledger.export.document import ledger_document
+    from gpuledger.export.document import document_json, ledger_document
 
     run = simulate(mig_node("single"))
     run.settle()
     published, _ = run.exporter.current()
     assert published is not None
-    doc = ledger_document(published)
+    doc = document_json(ledger_document(published))
     gpus = {g["uuid"]: g for g in doc["gpus"]}
     assert gpus[GPU_PLAIN]["mig_devices"] == []
     under_a = gpus[GPU_A]["mig_devices"]

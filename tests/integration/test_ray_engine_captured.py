@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.export.document import ledger_document
+from gpuledger.export.document import document_json, ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sim.fake_nvml import (
     STATE_ENV,
@@ -128,7 +128,7 @@ class Captured:
     def scrape(self) -> tuple[list[Sample], dict[str, Any]]:
         published = self.exporter.run_once()
         body, _ = self.exporter.render(None)
-        return samples(body.decode()), ledger_document(published)
+        return samples(body.decode()), document_json(ledger_document(published))
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ themselves, in promtool: tests/mixin/test_ray_engine_footprint.py.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 
 from gpuledger.cli import main
 from gpuledger.explain.chain import explain, render_text
-from gpuledger.export.document import ledger_document
+from gpuledger.export.document import document_bytes, ledger_document
 from gpuledger.sim.fake_apiserver import FakeApiServer, make_agent_pod, make_pod
 from gpuledger.sim.scenario import Scenario, load_scenario
 from tests.conftest import REPO, Run, Sample, pick, samples, value
@@ -127,7 +126,7 @@ def test_ray_dashboard_down_leaves_the_rest_and_says_what_is_unknown(tmp_path: P
     # The GPUs, their memory and who holds them stay known.
     pod = {"namespace": "ray", "pod": "llama-head", "container": "ray-head"}
     assert len(pick(a, "gpuledger_container_gpu_memory_used_bytes", **pod)) == 2
-    assert doc["engines"][0]["ray"] is None
+    assert doc.engines[0].ray is None
     text = render_text(explain([doc], engine="ray/llama-head"))
     assert "unknown: gpu-node-a: no Ray state API" in text
     assert "Ray job 0" not in text  # no chain: the job is unknown
@@ -140,8 +139,8 @@ def test_explain_finds_the_agents_of_the_workers_nodes(
     the nodes whose pods are the Ray nodes holding its workers (found by pod IP)."""
     _, doc_a = observe(scenario("a"), tmp_path / "a")
     _, doc_b = observe(scenario("b"), tmp_path / "b")
-    agents = {"gpu-node-a": AgentServer(json.dumps(doc_a).encode())}
-    agents["gpu-node-b"] = AgentServer(json.dumps(doc_b).encode())
+    agents = {"gpu-node-a": AgentServer(document_bytes(doc_a))}
+    agents["gpu-node-b"] = AgentServer(document_bytes(doc_b))
     agents["gpu-node-c"] = AgentServer(b"{}")  # no Ray worker there: never read
     with FakeApiServer() as api:
         for node, agent in agents.items():

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger.explain.ray import RayWorkers, footprint, footprint_lines, with_footprints
+from gpuledger.explain.ray import RayWorkers, footprint, footprint_lines
 from gpuledger.export.document import ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sim.fake_nvml import (
@@ -211,19 +211,19 @@ def test_workers_are_attributed_to_their_driver_and_leave_with_it(
         assert value(s, "gpuledger_engine_ray_job_info", **engine, **identity) == 1
         assert value(s, "gpuledger_engine_ray_workers", **engine, state="ALIVE") == TP
         assert value(s, "gpuledger_engine_gpus", **engine, state="configured") == TP
-        (e,) = doc["engines"]
-        assert e["ray"]["driver_pid"] == driver.info["driver_pid"]  # the driver's own PID
-        assert {w["host_pid"] for w in doc["ray"]["workers"]} == set(pids)
+        (e,) = doc.engines
+        assert e.ray is not None and e.ray.driver_pid == driver.info["driver_pid"]  # its own
+        assert {w.host_pid for w in doc.ray.workers} == set(pids)
         # What explain prints under the engine (a host without Kubernetes has no workload to
         # explain by name: the chain itself).
-        lines = "\n".join(footprint_lines(with_footprints(RayWorkers([doc]), [e])[0]))
+        lines = "\n".join(footprint_lines(e, footprint(RayWorkers([doc]), e)))
         assert f"Ray job {job}: driver EngineCore pid {driver.info['driver_pid']}" in lines
         assert f"GPUs in use by its workers: {TP} on 1 node(s) (ray-host), configured {TP}" in lines
         # Two workers on one GPU: the engine holds 3.
         agent.hold(pids, gpus=[0, 1, 2, 2])
         _, doc = agent.scrape()
-        fp = footprint(RayWorkers([doc]), doc["engines"][0])
-        assert fp is not None and fp["gpus_in_use"] == 3
+        fp = footprint(RayWorkers([doc]), doc.engines[0])
+        assert fp is not None and fp.gpus_in_use == 3
     finally:
         driver.stop()
     s, doc = _settled(agent, lambda s: not pick(s, "gpuledger_ray_worker_info"))
@@ -234,7 +234,7 @@ def test_workers_are_attributed_to_their_driver_and_leave_with_it(
         "gpuledger_engine_ray_workers",
     ):
         assert not pick(s, family), family
-    assert doc["engines"][0]["ray"] is None
+    assert doc.engines[0].ray is None
 
 
 def test_legacy_executor_workers(head: RayHead, agent: Agent) -> None:

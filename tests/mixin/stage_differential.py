@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuledger.document.v1 import LedgerDocument
 from gpuledger.explain.chain import verdicts
 from gpuledger.explain.verdict import Thresholds
 from gpuledger.export.document import ledger_document
@@ -42,7 +43,7 @@ class Snapshot:
     job: str
     instance: str
     exposition: str
-    document: dict[str, Any]
+    document: LedgerDocument
 
 
 def take_snapshot(scenario: Scenario, phase: str | None, job: str) -> Snapshot:

@@ -520,9 +520,9 @@ def _assert_no_secrets(server: Server, *texts: str) -> None:
 
 
 def _ledger_json(published: Any) -> str:
-    from gpuledger.export.document import ledger_document
+    from gpuledger.export.document import document_bytes, ledger_document
 
-    return json.dumps(ledger_document(published), default=str)
+    return document_bytes(ledger_document(published)).decode()
 
 
 # ------------------------------------------------------------------------ one engine

@@ -215,9 +215,10 @@ def test_explain_text_carries_no_control_characters(node: Node, tmp_path: Path) 
     node.until(lambda s: any(labels.get("model_name") == escape for _, labels, _ in s))
     saved = tmp_path / "ledger.json"
     saved.write_bytes(node.get("/ledger.json")[1])
+    from gpuledger.document.codec import from_json
     from gpuledger.explain.chain import explain, render_text
 
-    document = json.loads(saved.read_text())
+    document = from_json(json.loads(saved.read_text()))
     text = render_text(explain([document], pod=f"{NAMESPACE}/{POD}"))
     assert "engine m" in text  # the engine line is there, with the name in it
     forged = [c for c in text if not c.isprintable() and c != "\n"]

@@ -260,7 +260,7 @@ def test_documents_and_named_failures_within_one_deadline(agents: Agents) -> Non
     elapsed = time.monotonic() - started
     listener.close()
     assert list(result.documents) == ["a"]
-    assert result.documents["a"]["node"] == "a"
+    assert result.documents["a"].node == "a"
     assert result.failures["b"].endswith("(timeout)")
     assert result.failures["c"].endswith("(refused)")
     assert f"not a {SCHEMA} document" in result.failures["d"]
@@ -432,7 +432,7 @@ def test_tls_context_carries_the_ca_and_the_client_certificate(tmp_path: Path) -
         tls_context=context,
     )
     listener.close()
-    assert result.documents["a"]["node"] == "tls", result.failures
+    assert result.documents["a"].node == "tls", result.failures
     assert "fake-apiserver" in peers[0]
     assert tls_context_of(_Configuration("http://127.0.0.1:1")) is None
     insecure = tls_context_of(_Configuration("https://x", verify_ssl=False))
@@ -503,7 +503,7 @@ def test_basic_auth_goes_to_direct_reads_only(agents: Agents, tmp_path: Path) ->
     result = fetch_documents(
         [agent("gpu-a", url)], deadline_seconds=2, concurrency=1, access=access
     )
-    assert result.documents["gpu-a"]["node"] == "gpu-a", result.failures
+    assert result.documents["gpu-a"].node == "gpu-a", result.failures
     assert agents.authorizations == [basic(f"ledger-reader:{PASSWORD}")]
     with pytest.raises(ValueError, match="direct reads"):
         fetch_documents([], deadline_seconds=1, concurrency=1, headers={"X": "y"}, access=access)

@@ -30,20 +30,25 @@ MAY_IMPORT: Mapping[str, frozenset[str]] = {
         "net": ("identity",),
         "logs": (),
         "sources": ("model", "identity", "engines", "net", "protocols"),
-        "export": ("model", "identity", "engines", "ledger"),
-        "explain": ("model", "identity", "engines", "export", "net"),
-        "web": ("model", "identity", "engines", "export", "explain", "net"),
+        "document": ("model", "engines"),
+        "export": ("model", "identity", "engines", "ledger", "document"),
+        "explain": ("model", "identity", "engines", "document", "net"),
+        "web": ("model", "identity", "engines", "document", "export", "explain", "net"),
         "pipeline": ("model", "identity", "engines", "ledger", "export", "sources"),
-        "sim": ("model", "identity", "engines", "protocols", "net", "export", "pipeline"),
+        "sim": (
+            *("model", "identity", "engines", "protocols", "net", "document", "export"),
+            "pipeline",
+        ),
         "cli": (
-            *("model", "identity", "engines", "ledger", "export", "explain", "web", "net"),
+            *("model", "identity", "engines", "ledger", "document", "export", "explain"),
+            *("web", "net"),
             *("pipeline", "logs", "sim"),
         ),
     }.items()
 }
 # The pure layers: the join, the model and the identity rules reach none of these, even
 # through another module.
-PURE = ("model", "identity", "engines", "ledger")
+PURE = ("model", "identity", "engines", "ledger", "document")
 IO_LIBRARIES = frozenset(
     {
         *("socket", "ssl", "http", "urllib.request", "selectors", "subprocess", "ctypes"),

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuledger.cli import main
+from gpuledger.document.codec import from_json
+from gpuledger.document.v1 import SCHEMA, LedgerDocument
 from gpuledger.explain.agents import Agent, ClusterError, FetchResult
-from gpuledger.export.document import SCHEMA
 from gpuledger.web.cluster_page import (
     AgentRead,
     AgentReader,
@@ -38,8 +39,10 @@ class Fetcher:
 
     def __call__(self, agents: Sequence[Agent]) -> FetchResult:
         self.asked.append([a.key for a in agents])
-        docs: dict[str, Mapping[str, Any]] = {
-            a.key: {"schema": SCHEMA, "node": a.key} for a in agents if a.key not in self.failing
+        docs = {
+            a.key: LedgerDocument(schema=SCHEMA, node=a.key)
+            for a in agents
+            if a.key not in self.failing
         }
         failures = {
             a.key: f"{a.namespace}/{a.pod}: {a.url}/ledger.json: no answer (timeout)"
@@ -147,7 +150,7 @@ def test_static_urls_and_a_failed_listing() -> None:
 
 
 def test_hostile_values_are_escaped() -> None:
-    own = {"schema": SCHEMA, "node": "view", "sources": [], "pending": []}
+    own = from_json({"schema": SCHEMA, "node": "view", "sources": [], "pending": []})
     evil = '<script>alert(1)</script>"'
     read = AgentRead(evil, "", "http://x", None, f"{evil} (timeout)", time.time())
     status, page = render(own, Reading([read], [evil]), "", 10)

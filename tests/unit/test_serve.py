@@ -225,10 +225,10 @@ def test_the_families_and_the_document() -> None:
     }
     assert ("gpuledger_serve_replica_ongoing_requests", "vh85m4ne") in found
     assert "gpuledger_serve_router_queued_requests{" in text and "} 30.0" in text
-    doc = ledger_document(Published(ledger))["serve"]
-    assert doc["deployments"][0]["router_queued_requests"] == 30.0
-    assert [r["host_pid"] for r in doc["deployments"][0]["replicas"]] == [9001, 9000]
-    assert doc["unread_ray_nodes"] == []
+    serve = ledger_document(Published(ledger)).serve
+    assert serve.deployments[0].router_queued_requests == 30.0
+    assert [r.host_pid for r in serve.deployments[0].replicas] == [9001, 9000]
+    assert serve.unread_ray_nodes == ()
 
 
 def _engine(waiting: float, kv: float) -> EnginesSnapshot:

@@ -7,10 +7,11 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuledger.cli.flags import EXIT_USAGE, agent_access
 from gpuledger.cli.simulate import NO_SIMULATOR, simulator_installed
+from gpuledger.document.v1 import LedgerDocument
 from gpuledger.explain.agents import (
     PROXY_REFUSES_AUTH,
     AgentAccess,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuledger")
 
 
-def _scenario_document(path: str, phase: str | None) -> Mapping[str, Any] | None:
+def _scenario_document(path: str, phase: str | None) -> LedgerDocument | None:
     """The settled ledger of a simulated scenario; None (after saying why) if it cannot run."""
     if not simulator_installed():
         print(f"gpuledger: error: --scenario: {NO_SIMULATOR}", file=sys.stderr)
@@ -78,7 +79,7 @@ def _discovered(args: argparse.Namespace, access: AgentAccess) -> FetchResult | 
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    docs: list[Mapping[str, Any]] = []
+    docs: list[LedgerDocument] = []
     failures: dict[str, str] = {}  # what could not be read, by agent or URL
     access = agent_access(args)
     try:

@@ -53,8 +53,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
+from gpuledger.document.codec import DocumentError, from_json
+from gpuledger.document.v1 import LedgerDocument
 from gpuledger.explain.ray import ray_worker_ips
-from gpuledger.export.document import SCHEMA
 from gpuledger.identity.scheduling import workload_of
 from gpuledger.identity.urls import safe_url
 from gpuledger.net.httpclient import HttpClient, HttpError
@@ -77,8 +78,7 @@ __all__ = [
     "read_for_query",
 ]
 
-Doc = Mapping[str, Any]
-Pod = Mapping[str, Any]
+Pod = Mapping[str, Any]  # a Kubernetes pod object, as the API server answers
 
 AGENT_SELECTOR = "app.kubernetes.io/part-of=gpuledger"
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -245,7 +245,7 @@ class Agent:
 
 @dataclass(frozen=True)
 class FetchResult:
-    documents: dict[str, Doc]  # Agent.key -> /ledger.json document
+    documents: dict[str, LedgerDocument]  # Agent.key -> its /ledger.json
     failures: dict[str, str]  # Agent.key -> one line: why it could not be read
 
 
@@ -461,7 +461,7 @@ def _read_more(
 MAX_RAY_WORKER_NODES = 64  # pod-IP lookups for one query's Ray workers
 
 
-def ray_worker_nodes(lister: PodLister, docs: Iterable[Doc]) -> set[str]:
+def ray_worker_nodes(lister: PodLister, docs: Iterable[LedgerDocument]) -> set[str]:
     """The nodes of the pods whose IPs are the Ray nodes holding the workers of the
     documents' Ray-executor engines (a Ray node's IP is its pod's)."""
     found: set[str] = set()
@@ -529,7 +529,7 @@ class _Reader:
     tls_context: ssl.SSLContext | None
     max_body_bytes: int
 
-    def read(self, agent: Agent) -> tuple[Doc | None, str]:
+    def read(self, agent: Agent) -> tuple[LedgerDocument | None, str]:
         who = f"{agent.namespace}/{agent.pod}"
         if not agent.url:
             return None, f"{who}: the pod has no IP (not running)"
@@ -554,14 +554,15 @@ class _Reader:
         return _document(who, target, response.body)
 
 
-def _document(who: str, target: str, body: bytes) -> tuple[Doc | None, str]:
+def _document(who: str, target: str, body: bytes) -> tuple[LedgerDocument | None, str]:
     try:
-        doc = json.loads(body)
+        obj = json.loads(body)
     except ValueError:
         return None, f"{who}: {safe_url(target)}: not JSON"
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        return None, f"{who}: {safe_url(target)}: not a {SCHEMA} document"
-    return doc, ""
+    try:
+        return from_json(obj), ""
+    except DocumentError as exc:
+        return None, f"{who}: {safe_url(target)}: {exc}"
 
 
 def _status(body: bytes) -> str:

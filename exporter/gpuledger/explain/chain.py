@@ -6,12 +6,16 @@ workload -> pods (UID) -> engine (model, DP rank, config) -> processes (role, ra
 container ordinal -> host GPU (UUID, index) -> node, then where the work waits and why,
 then any ledger disagreement, then what could not be known.
 
+The documents are typed (gpuledger/document/); the result `explain` returns is the JSON of
+`explain --json` (explain/result.py's types), which `render_text` reads back typed.
+
 Exit codes: 0 explained; 1 nothing matched the query; 2 usage error; 3 no source could be
 read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import ssl
@@ -19,11 +23,36 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.explain.ray import (
-    RayWorkers,
-    footprint_lines,
-    footprint_unknowns,
-    with_footprints,
+from gpuledger.document.codec import DocumentError, decode, from_json, to_json
+from gpuledger.document.v1 import (
+    ContainerDoc,
+    DiscrepancyDoc,
+    EngineDoc,
+    GpuDoc,
+    LedgerDocument,
+    MigDeviceDoc,
+    PendingDoc,
+    PodDoc,
+    ProcessDoc,
+    RayActorDoc,
+    RayClusterDoc,
+    RayNodeDoc,
+    ServeDeploymentDoc,
+    SourceDoc,
+)
+from gpuledger.explain.ray import RayWorkers, footprint, footprint_lines, footprint_unknowns
+from gpuledger.explain.result import (
+    ContainerEntry,
+    DeviceEntry,
+    EngineEntry,
+    ExplainResult,
+    GpuShown,
+    HostProcess,
+    PodEntry,
+    ProcessEntry,
+    ServeEntry,
+    VerdictShown,
+    WorkloadResult,
 )
 from gpuledger.explain.verdict import (
     STAGES,
@@ -32,11 +61,9 @@ from gpuledger.explain.verdict import (
     ray_pending_reason,
     workload_verdict,
 )
-from gpuledger.export.document import SCHEMA
 from gpuledger.identity.urls import safe_url
 from gpuledger.net.httpclient import HttpClient, HttpError
 
-Doc = Mapping[str, Any]
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 
@@ -53,7 +80,7 @@ def fetch_document(
     *,
     headers: Mapping[str, str] | None = None,
     tls_context: ssl.SSLContext | None = None,
-) -> Doc:
+) -> LedgerDocument:
     """GET <exporter>/ledger.json, bounded in total time and size; `headers` (basic auth)
     and `tls_context` (a CA) for an exporter behind --web-config-file."""
     target = url.rstrip("/")
@@ -72,151 +99,187 @@ def fetch_document(
         raise ExplainError(EXIT_UNREACHABLE, f"{exc.message} ({exc.reason})") from None
     if response.status != 200:
         raise ExplainError(EXIT_UNREACHABLE, f"{safe_url(target)}: HTTP {response.status}")
-    body = response.body
     try:
-        doc = json.loads(body)
+        obj = json.loads(response.body)
     except ValueError:
         raise ExplainError(EXIT_UNREACHABLE, f"{safe_url(target)}: not JSON") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ExplainError(EXIT_UNREACHABLE, f"{safe_url(target)}: not a {SCHEMA} document")
-    return doc
+    try:
+        return from_json(obj)
+    except DocumentError as exc:
+        raise ExplainError(EXIT_UNREACHABLE, f"{safe_url(target)}: {exc}") from None
 
 
-def source_state(status: Doc) -> str:
+def source_state(status: SourceDoc) -> str:
     """up, down or not_configured; a document older than `state` says reason `disabled`."""
-    if "state" in status:
-        return str(status["state"])
-    if status.get("up"):
+    if status.state is not None:
+        return status.state
+    if status.up:
         return "up"
-    return "not_configured" if status.get("reason") == "disabled" else "down"
+    return "not_configured" if status.reason == "disabled" else "down"
+
+
+@dataclass(frozen=True)
+class OnNode:
+    """A document's row with the node whose document holds it."""
+
+    node: str
+    row: Any
+
+
+@dataclass(frozen=True)
+class Device:
+    """A GPU or a MIG device as explain shows it: a MIG device with its GPU's host index,
+    model and PCI bus (what makes it a MIG device here is its `parent_uuid`)."""
+
+    device: GpuDoc | MigDeviceDoc
+    gpu: GpuDoc  # the GPU itself, or the MIG device's GPU
+    node: str
+
+    @property
+    def uuid(self) -> str:
+        return self.device.uuid
+
+    @property
+    def parent_uuid(self) -> str:
+        return self.device.parent_uuid if isinstance(self.device, MigDeviceDoc) else ""
+
+    def shown(self) -> dict[str, Any]:
+        """Its JSON in explain's result: the device's fields, a MIG device's index as
+        `mig_index` and its GPU's index, model and bus in their place."""
+        if isinstance(self.device, GpuDoc):
+            return dict(to_json(self.device))
+        g = self.gpu
+        return {
+            **to_json(self.device),
+            "index": g.index,
+            "mig_index": self.device.index,
+            "model": g.model,
+            "pci_bus_id": g.pci_bus_id,
+            "mig_mode": g.mig_mode,
+            "utilization_ratio": None,  # NVML has none for a MIG device
+        }
 
 
 @dataclass
 class Workload:
     namespace: str
     name: str
-    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> pod view
-    pending: list[Doc] = field(default_factory=list)
-    engines: list[Doc] = field(default_factory=list)
-    discrepancies: list[dict[str, Any]] = field(default_factory=list)
-    ray_nodes: list[Doc] = field(default_factory=list)
-    ray_actors: list[Doc] = field(default_factory=list)
+    pods: dict[str, PodDoc] = field(default_factory=dict)  # uid -> pod, node filled in
+    pending: list[PendingDoc] = field(default_factory=list)
+    engines: list[OnNode] = field(default_factory=list)  # EngineDoc rows
+    discrepancies: list[DiscrepancyDoc] = field(default_factory=list)
+    ray_nodes: list[RayNodeDoc] = field(default_factory=list)
+    ray_actors: list[RayActorDoc] = field(default_factory=list)
     # Ray Serve deployment rows of every node (a node has the routers and replicas it runs).
-    serve: list[Doc] = field(default_factory=list)
+    serve: list[OnNode] = field(default_factory=list)  # ServeDeploymentDoc rows
+
+    def engine_docs(self) -> list[EngineDoc]:
+        return [e.row for e in self.engines]
+
+    def serve_docs(self) -> list[ServeDeploymentDoc]:
+        return [d.row for d in self.serve]
+
+    def verdict(self, t: Thresholds) -> Verdict:
+        pods = list(self.pods.values())
+        return workload_verdict(self.pending, pods, self.engine_docs(), t, self.serve_docs())
 
 
-def mig_view(mig: Doc, gpu: Doc) -> dict[str, Any]:
-    """A MIG device as explain shows a GPU: its GPU's host index and model, its own MIG
-    device index as `mig_index`, and `parent_uuid` (what makes it a MIG device here)."""
-    return {
-        **mig,
-        "index": gpu["index"],
-        "mig_index": mig["index"],
-        "model": gpu["model"],
-        "pci_bus_id": gpu["pci_bus_id"],
-        "mig_mode": gpu["mig_mode"],
-        "utilization_ratio": None,  # NVML has none for a MIG device
-    }
-
-
-def device_name(gpu: Mapping[str, Any]) -> str:
+def device_name(gpu: GpuShown) -> str:
     """`GPU-…`, or for a MIG device `MIG-… (GPU-… instance 3, 1g.10gb)`: the GPU instance
     as nvidia-smi numbers it (GI), and the compute instance (CI) where it is not 0."""
-    if not gpu.get("parent_uuid"):
-        return str(gpu["uuid"])
-    ci = gpu.get("compute_instance_id")
+    if not gpu.parent_uuid:
+        return gpu.uuid
+    ci = gpu.compute_instance_id
     compute = f" compute instance {ci}" if ci else ""
-    gi = "?" if gpu.get("gpu_instance_id") is None else gpu["gpu_instance_id"]
-    profile = gpu.get("profile") or "profile ?"
-    return f"{gpu['uuid']} ({gpu['parent_uuid']} instance {gi}{compute}, {profile})"
+    gi = "?" if gpu.gpu_instance_id is None else gpu.gpu_instance_id
+    profile = gpu.profile or "profile ?"
+    return f"{gpu.uuid} ({gpu.parent_uuid} instance {gi}{compute}, {profile})"
+
+
+def _device_name(d: Device) -> str:
+    return device_name(decode(GpuShown, d.shown()))
 
 
 class Fleet:
     """Every document joined: nodes by name, GPUs and MIG devices by UUID, workloads by
     (ns, name)."""
 
-    def __init__(self, docs: Sequence[Doc]) -> None:
+    def __init__(self, docs: Sequence[LedgerDocument]) -> None:
         self.docs = docs
-        self.gpus: dict[str, tuple[Doc, Doc]] = {}  # uuid -> (gpu, node doc)
+        self.gpus: dict[str, Device] = {}
         self.workloads: dict[tuple[str, str], Workload] = {}
-        self.unknowns = [f"{d['node']}: {u}" for d in docs for u in d.get("unknowns", [])]
+        self.unknowns = [f"{d.node}: {u}" for d in docs for u in d.unknowns]
         # Sources an exporter is not set up to read: said apart from the unknowns (failures).
         self.not_configured = {
-            d["node"]: [
-                s["source"] for s in d.get("sources", []) if source_state(s) == "not_configured"
-            ]
+            d.node: [s.source for s in d.sources if source_state(s) == "not_configured"]
             for d in docs
         }
-        self.simulated = sorted({d["node"] for d in docs if d.get("simulated")})
-        clusters: list[Doc] = []
+        self.simulated = sorted({d.node for d in docs if d.simulated})
+        clusters: list[RayClusterDoc] = []
         for doc in docs:
-            for gpu in doc.get("gpus", []):
-                self.gpus[gpu["uuid"]] = (gpu, doc)
-                for mig in gpu.get("mig_devices") or []:
-                    self.gpus[mig["uuid"]] = (mig_view(mig, gpu), doc)
-            for pod in doc.get("pods", []):
-                self._workload(pod["namespace"], pod["workload"]).pods.setdefault(
-                    pod["uid"], {**pod, "node": pod.get("node") or doc["node"]}
-                )
-            for pending in doc.get("pending", []):
-                self._workload(pending["namespace"], pending["workload"]).pending.append(pending)
-            for engine in doc.get("engines", []):
-                if engine.get("workload"):
-                    self._workload(engine["namespace"], engine["workload"]).engines.append(
-                        {**engine, "node": doc["node"]}
-                    )
-            for d in doc.get("discrepancies", []):
-                if d.get("workload"):
-                    self._workload(d["namespace"], d["workload"]).discrepancies.append(d)
-            ray = doc.get("ray") or {}
-            for n in ray.get("nodes", []):
-                if n.get("workload"):
-                    self._workload(n["namespace"], n["workload"]).ray_nodes.append(n)
-            for a in ray.get("actors", []):
-                if a.get("workload"):
-                    self._workload(a["namespace"], a["workload"]).ray_actors.append(a)
-            if ray.get("cluster"):
-                clusters.append(ray["cluster"])
-            for d in (doc.get("serve") or {}).get("deployments", []):
-                if d.get("workload"):
-                    self._workload(d["namespace"], d["workload"]).serve.append(
-                        {**d, "node": doc["node"]}
-                    )
+            self._read(doc)
+            if doc.ray.cluster is not None:
+                clusters.append(doc.ray.cluster)
         # After every document: a namespace-less Ray cluster joins the workloads of its name.
         for cluster in clusters:
             self._ray_cluster(cluster)
-        self.containers = [
-            {**c, "node": doc["node"]} for doc in docs for c in doc.get("containers", [])
-        ]
-        self.processes = [
-            {**p, "node": doc["node"]} for doc in docs for p in doc.get("processes", [])
-        ]
+        self.containers = [OnNode(doc.node, c) for doc in docs for c in doc.containers]
+        self.processes = [OnNode(doc.node, p) for doc in docs for p in doc.processes]
         # vLLM Ray workers of every node, for engines on the Ray executor (explain/ray.py).
         self.ray_workers = RayWorkers(docs)
         self.unknowns += footprint_unknowns(self.ray_workers, docs)
 
-    def _ray_cluster(self, cluster: Doc) -> None:
+    def _read(self, doc: LedgerDocument) -> None:
+        for gpu in doc.gpus:
+            self.gpus[gpu.uuid] = Device(gpu, gpu, doc.node)
+            for mig in gpu.mig_devices:
+                self.gpus[mig.uuid] = Device(mig, gpu, doc.node)
+        for pod in doc.pods:
+            self._workload(pod.namespace, pod.workload).pods.setdefault(
+                pod.uid, dataclasses.replace(pod, node=pod.node or doc.node)
+            )
+        for pending in doc.pending:
+            self._workload(pending.namespace, pending.workload).pending.append(pending)
+        for engine in doc.engines:
+            if engine.workload:
+                self._workload(engine.namespace, engine.workload).engines.append(
+                    OnNode(doc.node, engine)
+                )
+        for d in doc.discrepancies:
+            if d.workload:
+                self._workload(d.namespace, d.workload).discrepancies.append(d)
+        for n in doc.ray.nodes:
+            if n.workload:
+                self._workload(n.namespace, n.workload).ray_nodes.append(n)
+        for a in doc.ray.actors:
+            if a.workload:
+                self._workload(a.namespace, a.workload).ray_actors.append(a)
+        for dep in doc.serve.deployments:
+            if dep.workload:
+                self._workload(dep.namespace, dep.workload).serve.append(OnNode(doc.node, dep))
+
+    def _ray_cluster(self, cluster: RayClusterDoc) -> None:
         """The Ray cluster's workload, with the Ray work Ray cannot place as its pending
         placement. A cluster-mode exporter that does not know the RayCluster's namespace
         stands for every namespace with a workload of that name, as the recording rule
         namespace_workload:gpuledger_workloads:group does."""
-        name = cluster["workload"]
-        targets = [(cluster["namespace"], name)]
-        if not cluster["namespace"]:
+        name = cluster.workload
+        targets = [(cluster.namespace, name)]
+        if not cluster.namespace:
             targets = [k for k in self.workloads if k[1] == name and k[0]] or targets
-        gpus = {kind: count for kind, count in sorted((cluster.get("pending_gpus") or {}).items())}
-        reason = ray_pending_reason(cluster.get("placement_groups", []))
+        gpus = dict(sorted(cluster.pending_gpus.items()))
+        reason = ray_pending_reason(cluster.placement_groups)
         for namespace, _ in targets:
             w = self._workload(namespace, name)
             w.pending.extend(
-                {
-                    "namespace": namespace,
-                    "name": f"(Ray {kind.replace('_', ' ')}s)",
-                    "uid": "-",
-                    "workload": name,
-                    "gpus": count,
-                    "reason": reason,
-                }
+                PendingDoc(
+                    namespace=namespace,
+                    name=f"(Ray {kind.replace('_', ' ')}s)",
+                    uid="-",
+                    workload=name,
+                    reason=reason,
+                    gpus=count,  # Ray counts GPUs in fractions
+                )
                 for kind, count in gpus.items()
                 if count
             )
@@ -229,18 +292,18 @@ class Fleet:
 
     def workload_of_pod(self, namespace: str, name: str) -> Workload | None:
         for w in self.workloads.values():
-            if any(p["namespace"] == namespace and p["name"] == name for p in w.pods.values()):
+            if any(p.namespace == namespace and p.name == name for p in w.pods.values()):
                 return w
-            if any(p["namespace"] == namespace and p["name"] == name for p in w.pending):
+            if any(p.namespace == namespace and p.name == name for p in w.pending):
                 return w
         return None
 
-    def find_gpu(self, text: str) -> tuple[Doc, Doc]:
+    def find_gpu(self, text: str) -> Device:
         if text in self.gpus:
             return self.gpus[text]
         matches = sorted(
             (u for u in self.gpus if u.startswith(text)),
-            key=lambda u: (self.gpus[u][1]["node"], self.gpus[u][0]["index"], u),
+            key=lambda u: (self.gpus[u].node, self.gpus[u].gpu.index, u),
         )
         if len(matches) == 1:
             return self.gpus[matches[0]]
@@ -248,7 +311,7 @@ class Fleet:
             raise ExplainError(EXIT_NOT_FOUND, f"no GPU matching {text!r} in the ledger")
         # An ambiguous prefix: the candidates, so the next try can be exact.
         listed = [
-            f"  {u}  index {self.gpus[u][0]['index']} on {self.gpus[u][1]['node']}"
+            f"  {u}  index {self.gpus[u].gpu.index} on {self.gpus[u].node}"
             for u in matches[:MAX_CANDIDATES]
         ]
         more = len(matches) - len(listed)
@@ -261,8 +324,11 @@ class Fleet:
 
     def pod_names(self) -> list[str]:
         """NAMESPACE/NAME of every pod the documents name, placed or not."""
-        pods = [p for w in self.workloads.values() for p in [*w.pods.values(), *w.pending]]
-        return sorted({f"{p['namespace']}/{p['name']}" for p in pods})
+        placed = {
+            f"{p.namespace}/{p.name}" for w in self.workloads.values() for p in w.pods.values()
+        }
+        pending = {f"{p.namespace}/{p.name}" for w in self.workloads.values() for p in w.pending}
+        return sorted(placed | pending)
 
 
 def _bytes(n: float | None) -> str:
@@ -270,30 +336,29 @@ def _bytes(n: float | None) -> str:
 
 
 def _gpu_label(fleet: Fleet, uuid: str) -> str:
-    entry = fleet.gpus.get(uuid)
-    if entry is None:
+    d = fleet.gpus.get(uuid)
+    if d is None:
         return uuid
-    gpu, doc = entry
-    return f"{device_name(gpu)} (index {gpu['index']} on {doc['node']}, {gpu['model']})"
+    return f"{_device_name(d)} (index {d.gpu.index} on {d.node}, {d.gpu.model})"
 
 
-def _device_uuids(fleet: Fleet, gpu: Doc) -> set[str]:
+def _device_uuids(fleet: Fleet, gpu: Device) -> set[str]:
     """A GPU and its MIG devices (who holds one of them holds a part of the GPU)."""
-    found = {str(gpu["uuid"])}
-    found.update(u for u, (g, _) in fleet.gpus.items() if g.get("parent_uuid") == gpu["uuid"])
+    found = {gpu.uuid}
+    found.update(u for u, d in fleet.gpus.items() if d.parent_uuid == gpu.uuid)
     return found
 
 
-def _engine_issues(engines: Iterable[Doc]) -> list[str]:
+def _engine_issues(engines: Iterable[EngineEntry]) -> list[str]:
     issues = []
     for e in engines:
-        configured, in_use = e.get("gpus_configured"), e.get("gpus_in_use")
+        configured, in_use = e.gpus_configured, e.gpus_in_use
         holders = "its processes hold"
-        if e.get("ray_footprint"):  # the Ray executor: its workers, on every node
-            in_use, holders = e["ray_footprint"]["gpus_in_use"], "its Ray workers hold"
-        if e.get("up") and configured is not None and in_use is not None and configured != in_use:
+        if e.ray_footprint is not None:  # the Ray executor: its workers, on every node
+            in_use, holders = e.ray_footprint.gpus_in_use, "its Ray workers hold"
+        if e.up and configured is not None and in_use is not None and configured != in_use:
             issues.append(
-                f"parallelism mismatch: {e['namespace']}/{e['pod']} engine {e['engine']} is "
+                f"parallelism mismatch: {e.namespace}/{e.pod} engine {e.engine} is "
                 f"configured for {configured} GPU(s) (TP x PP) but {holders} {in_use}"
             )
     return issues
@@ -302,67 +367,82 @@ def _engine_issues(engines: Iterable[Doc]) -> list[str]:
 def _ray_issues(w: Workload) -> list[str]:
     issues = []
     for n in w.ray_nodes:
-        total, allocated = n.get("gpus_total"), n.get("gpus_allocated")
-        if total is not None and allocated is not None and total > allocated:
+        total, allocated = n.gpus_total, n.gpus_allocated
+        if allocated is not None and total > allocated:
             issues.append(
-                f"Ray over-commit: Ray node {n['ray_node_id'][:12]} (pod {n['namespace']}/"
-                f"{n['pod']}) advertises {total:g} GPUs, Kubernetes allocated {allocated}"
+                f"Ray over-commit: Ray node {n.ray_node_id[:12]} (pod {n.namespace}/"
+                f"{n.pod}) advertises {total:g} GPUs, Kubernetes allocated {allocated}"
             )
     for a in w.ray_actors:
-        if a.get("without_gpu_memory"):
+        if a.without_gpu_memory:
             issues.append(
-                f"Ray actors holding no GPU memory: {a['without_gpu_memory']} ALIVE "
-                f"{a['class_name']} actor(s) on pod {a['namespace']}/{a['pod']}"
+                f"Ray actors holding no GPU memory: {a.without_gpu_memory} ALIVE "
+                f"{a.class_name} actor(s) on pod {a.namespace}/{a.pod}"
             )
     return issues
 
 
-def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> dict[str, Any]:
-    verdict: Verdict = workload_verdict(w.pending, list(w.pods.values()), w.engines, t, w.serve)
-    pods = []
-    all_engines = with_footprints(fleet.ray_workers, w.engines)
-    for uid, pod in sorted(w.pods.items(), key=lambda kv: kv[1]["name"]):
-        engines = [e for e in all_engines if e["pod_uid"] == uid]
-        procs = [p for p in fleet.processes if (p.get("container") or {}).get("pod_uid") == uid]
-        containers = [
-            {
-                **c,
-                "devices": [
-                    {
-                        **d,
-                        "gpu_index": fleet.gpus[d["gpu_uuid"]][0]["index"]
-                        if d["gpu_uuid"] in fleet.gpus
-                        else None,
-                        # `MIG-… (GPU-… instance 3, 1g.10gb)` for a MIG device.
-                        "device": device_name(fleet.gpus[d["gpu_uuid"]][0])
-                        if d["gpu_uuid"] in fleet.gpus
-                        else d["gpu_uuid"],
-                    }
-                    for d in c["devices"]
-                ],
-            }
-            for c in fleet.containers
-            if c["pod_uid"] == uid
-        ]
-        pods.append({"pod": pod, "engines": engines, "processes": procs, "containers": containers})
+def _engine_entry(fleet: Fleet, e: OnNode) -> EngineEntry:
+    doc: EngineDoc = e.row
+    fp = footprint(fleet.ray_workers, doc)
+    return EngineEntry(**vars(doc), node=e.node, ray_footprint=fp)
+
+
+def _container_entry(fleet: Fleet, c: OnNode) -> ContainerEntry:
+    doc: ContainerDoc = c.row
+    devices = tuple(
+        DeviceEntry(
+            **vars(d),
+            gpu_index=fleet.gpus[d.gpu_uuid].gpu.index if d.gpu_uuid in fleet.gpus else None,
+            # `MIG-… (GPU-… instance 3, 1g.10gb)` for a MIG device.
+            device=_device_name(fleet.gpus[d.gpu_uuid]) if d.gpu_uuid in fleet.gpus else d.gpu_uuid,
+        )
+        for d in doc.devices
+    )
+    return ContainerEntry(**{**vars(doc), "devices": devices}, node=c.node)
+
+
+def _pod_entry(fleet: Fleet, pod: PodDoc, engines: Sequence[EngineEntry]) -> PodEntry:
+    uid = pod.uid
+    procs = tuple(
+        ProcessEntry(**vars(p.row), node=p.node)
+        for p in fleet.processes
+        if p.row.container is not None and p.row.container.pod_uid == uid
+    )
+    return PodEntry(
+        pod=pod,
+        engines=tuple(e for e in engines if e.pod_uid == uid),
+        processes=procs,
+        containers=tuple(
+            _container_entry(fleet, c) for c in fleet.containers if c.row.pod_uid == uid
+        ),
+    )
+
+
+def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> WorkloadResult:
+    verdict = w.verdict(t)
+    engines = [_engine_entry(fleet, e) for e in w.engines]
+    pods = tuple(
+        _pod_entry(fleet, pod, engines) for pod in sorted(w.pods.values(), key=lambda p: p.name)
+    )
     issues = (
         [
-            f"{d['kind'].replace('_', ' ')}: {d['namespace']}/{d['pod']} container "
-            f"{d['container']} and GPU {_gpu_label(fleet, d['gpu_uuid'])}"
+            f"{d.kind.replace('_', ' ')}: {d.namespace}/{d.pod} container "
+            f"{d.container} and GPU {_gpu_label(fleet, d.gpu_uuid)}"
             for d in w.discrepancies
         ]
-        + _engine_issues(all_engines)
+        + _engine_issues(engines)
         + _ray_issues(w)
     )
-    return {
-        "namespace": w.namespace,
-        "workload": w.name,
-        "pods": pods,
-        "pending": list(w.pending),
-        "serve": list(w.serve),
-        "verdict": verdict.to_json(),
-        "discrepancies": issues,
-    }
+    return WorkloadResult(
+        namespace=w.namespace,
+        workload=w.name,
+        pods=pods,
+        pending=tuple(w.pending),
+        serve=tuple(ServeEntry(**vars(d.row), node=d.node) for d in w.serve),
+        verdict=decode(VerdictShown, verdict.to_json()),
+        discrepancies=tuple(issues),
+    )
 
 
 MAX_CANDIDATES = 10
@@ -423,24 +503,24 @@ def select(
             )
         return [fleet.workloads[(ns, name)]]
     if gpu is not None:
-        found_gpu, _doc = fleet.find_gpu(gpu)
+        found_gpu = fleet.find_gpu(gpu)
         uuids = _device_uuids(fleet, found_gpu)
         holders = {
-            (c["namespace"], c["workload"])
+            (c.row.namespace, c.row.workload)
             for c in fleet.containers
-            if any(x["gpu_uuid"] in uuids for x in c["allocations"] + c["usage"])
+            if any(x.gpu_uuid in uuids for x in (*c.row.allocations, *c.row.usage))
         }
         return [fleet.workloads[k] for k in sorted(holders) if k in fleet.workloads]
     if engine is not None:
         matched = [
             w
             for w in fleet.workloads.values()
-            for e in w.engines
+            for e in w.engine_docs()
             if engine
             in (
-                e["model_name"],
-                f"{e['namespace']}/{e['pod']}",
-                f"{e['namespace']}/{e['pod']}:{e['engine']}",
+                e.model_name,
+                f"{e.namespace}/{e.pod}",
+                f"{e.namespace}/{e.pod}:{e.engine}",
             )
         ]
         if not matched:
@@ -454,59 +534,60 @@ def select(
 
 
 def explain(
-    docs: Sequence[Doc], t: Thresholds | None = None, **query: str | None
+    docs: Sequence[LedgerDocument], t: Thresholds | None = None, **query: str | None
 ) -> dict[str, Any]:
+    """The JSON of `explain --json` (explain/result.py), which render_text reads."""
     fleet = Fleet(docs)
     chosen = select(fleet, **query)
-    result: dict[str, Any] = {
-        "query": {k: v for k, v in query.items() if v is not None},
-        "workloads": [explain_workload(fleet, w, t or Thresholds()) for w in chosen],
-        "unknowns": fleet.unknowns,
-        "not_configured": {n: s for n, s in fleet.not_configured.items() if s},
-        "simulated": fleet.simulated,
-    }
+    result: dict[str, Any] = to_json(
+        ExplainResult(
+            query={k: v for k, v in query.items() if v is not None},
+            workloads=tuple(explain_workload(fleet, w, t or Thresholds()) for w in chosen),
+            unknowns=tuple(fleet.unknowns),
+            not_configured={n: tuple(s) for n, s in fleet.not_configured.items() if s},
+            simulated=tuple(fleet.simulated),
+        )
+    )
     if query.get("gpu"):
-        gpu, doc = fleet.find_gpu(str(query["gpu"]))
+        gpu = fleet.find_gpu(str(query["gpu"]))
         result["gpu"] = {
-            **gpu,
-            "node": doc["node"],
-            "device": device_name(gpu),
+            **gpu.shown(),
+            "node": gpu.node,
+            "device": _device_name(gpu),
             "host_processes": [
-                p
+                to_json(p)
                 for uuid in sorted(_device_uuids(fleet, gpu))
-                for p in host_processes(fleet, uuid, doc["node"])
+                for p in host_processes(fleet, uuid, gpu.node)
             ],
         }
     return result
 
 
-def host_processes(fleet: Fleet, uuid: str, node: str) -> list[dict[str, Any]]:
+def host_processes(fleet: Fleet, uuid: str, node: str) -> list[HostProcess]:
     """Processes in no pod (a host daemon, a user's job) that hold memory on this GPU."""
+    procs: list[ProcessDoc] = [p.row for p in fleet.processes if p.node == node]
     return [
-        {
-            "pid": p["pid"],
-            "title": p["title"],
-            "cuda_devices": p.get("cuda_devices"),
-            "used_bytes": g["used_bytes"],
-            "gpu_uuid": uuid,
-        }
-        for p in fleet.processes
-        if p["node"] == node and not p.get("container")
-        for g in p["gpu_memory"]
-        if g["gpu_uuid"] == uuid
+        HostProcess(
+            pid=p.pid,
+            title=p.title,
+            cuda_devices=p.cuda_devices,
+            used_bytes=g.used_bytes,
+            gpu_uuid=uuid,
+        )
+        for p in procs
+        if p.container is None
+        for g in p.gpu_memory
+        if g.gpu_uuid == uuid
     ]
 
 
-def verdicts(docs: Sequence[Doc], t: Thresholds | None = None) -> dict[tuple[str, str], Verdict]:
+def verdicts(
+    docs: Sequence[LedgerDocument], t: Thresholds | None = None
+) -> dict[tuple[str, str], Verdict]:
     """The verdict of every workload the documents name, by (namespace, workload): what
     `explain` prints for each and what the /ledger page shows."""
     fleet = Fleet(docs)
-    return {
-        key: workload_verdict(
-            w.pending, list(w.pods.values()), w.engines, t or Thresholds(), w.serve
-        )
-        for key, w in sorted(fleet.workloads.items())
-    }
+    return {key: w.verdict(t or Thresholds()) for key, w in sorted(fleet.workloads.items())}
 
 
 # How the text output names each stage: stages.json, the file the mixin renders from.
@@ -523,55 +604,66 @@ def printable(text: str) -> str:
 
 
 def render_text(result: Mapping[str, Any]) -> str:
+    """The text of explain's result (its JSON, read back typed)."""
+    read = decode(ExplainResult, result)
     lines: list[str] = []
-    if result.get("simulated"):
+    if read.simulated:
         lines.append(
-            f"SIMULATED: {', '.join(result['simulated'])} served by gpuledger demo or simulate,"
+            f"SIMULATED: {', '.join(read.simulated)} served by gpuledger demo or simulate,"
             " not real hardware"
         )
-    gpu = result.get("gpu")
-    if gpu:
-        kind = "MIG device" if gpu.get("parent_uuid") else "GPU"
-        lines.append(
-            f"{kind} {gpu.get('device') or gpu['uuid']}  index {gpu['index']} on node "
-            f"{gpu['node']}  {gpu['model']}  "
-            f"{_bytes(gpu['memory_used_bytes'])} / {_bytes(gpu['memory_total_bytes'])} used"
-            + ("" if gpu["up"] else f"  DOWN ({gpu['error_reason']})")
-        )
-        lines.extend(_host_process_lines(gpu))
-        if not result["workloads"] and not gpu.get("host_processes"):
-            lines.append("  no pod holds or uses this GPU")
-    for w in result["workloads"]:
-        lines.append(f"workload {w['namespace']}/{w['workload']}")
-        for p in w["pending"]:
-            lines.append(
-                f"  pod {p['namespace']}/{p['name']}  uid {p['uid']}  NOT PLACED: "
-                f"{p['reason']}  ({p['gpus']} GPU(s) requested)"
-            )
-            lines.extend(_claim_lines(p))
-        for entry in w["pods"]:
-            lines.extend(_pod_lines(entry))
-            note = ordinal_note(entry)
-            # A difference is noted where it occurs; the general note once per output.
-            if note is not None and (note[1] or ORDINAL_NOTE not in lines):
-                lines.append(note[0])
-        lines.extend(_serve_lines(w.get("serve", [])))
-        v = w["verdict"]
-        reason = f" — {v['reason']}" if v["reason"] else ""
-        lines.append(f"  verdict: {STAGE_TEXT.get(v['stage'], v['stage'])}{reason}")
-        lines.extend(f"    evidence: {e}" for e in v["evidence"])
-        lines.append(f"    next step: {v['next_step']}")
-        if v["runbook_url"]:
-            lines.append(f"    runbook: {runbook_text(v['runbook_url'])}")
-        if w["discrepancies"]:
-            lines.extend(f"  ledger disagrees: {d}" for d in w["discrepancies"])
-        else:
-            lines.append("  ledger: allocations, processes and engines agree")
-    for unknown in result["unknowns"]:
+    if result.get("gpu"):
+        lines.extend(_gpu_lines(decode(GpuShown, result["gpu"]), bool(read.workloads)))
+    for w in read.workloads:
+        lines.extend(_workload_lines(w))
+    for unknown in read.unknowns:
         lines.append(f"unknown: {unknown}")
-    for node, sources in (result.get("not_configured") or {}).items():
+    for node, sources in read.not_configured.items():
         lines.append(f"not configured on {node} (not a failure): {', '.join(sources)}")
     return "\n".join(printable(line) for line in lines) + "\n"
+
+
+def _gpu_lines(gpu: GpuShown, held: bool) -> list[str]:
+    kind = "MIG device" if gpu.parent_uuid else "GPU"
+    lines = [
+        f"{kind} {gpu.device or gpu.uuid}  index {gpu.index} on node "
+        f"{gpu.node}  {gpu.model}  "
+        f"{_bytes(gpu.memory_used_bytes)} / {_bytes(gpu.memory_total_bytes)} used"
+        + ("" if gpu.up else f"  DOWN ({gpu.error_reason})")
+    ]
+    lines.extend(_host_process_lines(gpu))
+    if not held and not gpu.host_processes:
+        lines.append("  no pod holds or uses this GPU")
+    return lines
+
+
+def _workload_lines(w: WorkloadResult) -> list[str]:
+    lines = [f"workload {w.namespace}/{w.workload}"]
+    for p in w.pending:
+        lines.append(
+            f"  pod {p.namespace}/{p.name}  uid {p.uid}  NOT PLACED: "
+            f"{p.reason}  ({p.gpus} GPU(s) requested)"
+        )
+        lines.extend(_claim_lines(p))
+    for entry in w.pods:
+        lines.extend(_pod_lines(entry))
+        note = ordinal_note(entry)
+        # A difference is noted where it occurs; the general note once per output.
+        if note is not None and (note[1] or ORDINAL_NOTE not in lines):
+            lines.append(note[0])
+    lines.extend(_serve_lines(w.serve))
+    v = w.verdict
+    reason = f" — {v.reason}" if v.reason else ""
+    lines.append(f"  verdict: {STAGE_TEXT.get(v.stage, v.stage)}{reason}")
+    lines.extend(f"    evidence: {e}" for e in v.evidence)
+    lines.append(f"    next step: {v.next_step}")
+    if v.runbook_url:
+        lines.append(f"    runbook: {runbook_text(v.runbook_url)}")
+    if w.discrepancies:
+        lines.extend(f"  ledger disagrees: {d}" for d in w.discrepancies)
+    else:
+        lines.append("  ledger: allocations, processes and engines agree")
+    return lines
 
 
 def runbook_text(url: str) -> str:
@@ -582,82 +674,84 @@ def runbook_text(url: str) -> str:
     return f"/{url.lstrip('/')} on any gpuledger agent (docs/runbooks.md)"
 
 
-def _count(value: Any) -> str:
+def _count(value: float | None) -> str:
     return "?" if value is None else f"{float(value):g}"
 
 
-def _serve_lines(deployments: Iterable[Mapping[str, Any]]) -> list[str]:
+def _serve_lines(deployments: Iterable[ServeEntry]) -> list[str]:
     """`serve app/dep on node N  HEALTHY  router: 30 queued, 10 at replicas ...` and one
     line per replica there."""
     lines = []
     for d in deployments:
         lines.append(
-            f"  serve {d['application']}/{d['deployment']} on {d['node']}  {d['status']}  "
-            f"router: {_count(d['router_queued_requests'])} queued, "
-            f"{_count(d['router_requests_at_replicas'])} at replicas  "
-            f"max_ongoing_requests {d['max_ongoing_requests'] or '?'}"
+            f"  serve {d.application}/{d.deployment} on {d.node}  {d.status}  "
+            f"router: {_count(d.router_queued_requests)} queued, "
+            f"{_count(d.router_requests_at_replicas)} at replicas  "
+            f"max_ongoing_requests {d.max_ongoing_requests or '?'}"
         )
-        for r in d["replicas"]:
-            engines = ", ".join(f"{e['model_name'] or '?'} DP {e['engine']}" for e in r["engines"])
+        for r in d.replicas:
+            engines = ", ".join(f"{e.model_name or '?'} DP {e.engine}" for e in r.engines)
             lines.append(
-                f"    replica {r['replica']}  {r['state']}  pod {r['namespace']}/{r['pod'] or '-'}"
-                f"  pid {r['pid'] or '?'} (host {r['host_pid'] or '?'})  "
-                f"{_count(r['ongoing_requests'])} ongoing"
-                + (f"  engine {engines}" if engines else "")
+                f"    replica {r.replica}  {r.state}  pod {r.namespace}/{r.pod or '-'}"
+                f"  pid {r.pid or '?'} (host {r.host_pid or '?'})  "
+                f"{_count(r.ongoing_requests)} ongoing" + (f"  engine {engines}" if engines else "")
             )
     return lines
 
 
-def _pod_lines(entry: Mapping[str, Any]) -> list[str]:
-    pod = entry["pod"]
-    state = "Ready" if pod["ready"] else "not Ready"
+def _engine_lines(e: EngineEntry) -> list[str]:
+    c = e.config
+    status = "up" if e.up else "NOT ANSWERING"
     lines = [
-        f"  pod {pod['namespace']}/{pod['name']}  uid {pod['uid']}  node {pod['node']}  "
-        f"{pod['phase']}, {state}  requests {pod['gpu_requests']} GPU(s)"
+        f"    engine {e.model_name or '?'}  DP rank {e.engine or '?'}  {status}  "
+        f"TP {c.get('tensor_parallel_size', '?')} x PP {c.get('pipeline_parallel_size', '?')}"
+        f"  max_num_seqs {c.get('max_num_seqs') or '?'}  "
+        f"KV blocks {c.get('num_gpu_blocks') or '?'} x {c.get('block_size') or '?'}"
     ]
-    for e in entry["engines"]:
-        c = e["config"]
-        status = "up" if e["up"] else "NOT ANSWERING"
+    if e.process_binding in ("only_api_server", "ambiguous"):  # the old rule
+        lines.append(f"      {_binding_text(e)}")
+    if e.up:
         lines.append(
-            f"    engine {e['model_name'] or '?'}  DP rank {e['engine'] or '?'}  {status}  "
-            f"TP {c.get('tensor_parallel_size', '?')} x PP {c.get('pipeline_parallel_size', '?')}"
-            f"  max_num_seqs {c.get('max_num_seqs') or '?'}  "
-            f"KV blocks {c.get('num_gpu_blocks') or '?'} x {c.get('block_size') or '?'}"
+            f"      queue: {e.requests_waiting or 0:g} waiting, {e.requests_running or 0:g} "
+            f"running, KV cache {(e.kv_cache_usage_ratio or 0) * 100:.0f}%"
         )
-        if e.get("process_binding") in ("only_api_server", "ambiguous"):  # the old rule
-            lines.append(f"      {_binding_text(e)}")
-        if e["up"]:
+    lines.extend(footprint_lines(e, e.ray_footprint))
+    return lines
+
+
+def _pod_lines(entry: PodEntry) -> list[str]:
+    pod = entry.pod
+    state = "Ready" if pod.ready else "not Ready"
+    lines = [
+        f"  pod {pod.namespace}/{pod.name}  uid {pod.uid}  node {pod.node}  "
+        f"{pod.phase}, {state}  requests {pod.gpu_requests} GPU(s)"
+    ]
+    for e in entry.engines:
+        lines.extend(_engine_lines(e))
+    for c in entry.containers:
+        lines.append(f"    container {c.container}  id {c.container_id[:12] or '?'}")
+        for d in c.devices:
             lines.append(
-                f"      queue: {e['requests_waiting']:g} waiting, {e['requests_running']:g} "
-                f"running, KV cache {(e['kv_cache_usage_ratio'] or 0) * 100:.0f}%"
-            )
-        lines.extend(footprint_lines(e))
-    for c in entry["containers"]:
-        lines.append(f"    container {c['container']}  id {c['container_id'][:12] or '?'}")
-        for d in c["devices"]:
-            lines.append(
-                f"      ordinal {d['local_index']} -> {d.get('device') or d['gpu_uuid']}  "
+                f"      ordinal {d.local_index} -> {d.device or d.gpu_uuid}  "
                 "host index "
-                f"{'?' if d.get('gpu_index') is None else d['gpu_index']} on {c['node']}  "
-                f"({d['source']})"
+                f"{'?' if d.gpu_index is None else d.gpu_index} on {c.node}  "
+                f"({d.source})"
             )
-        for a in c["allocations"]:
-            if a.get("claim"):
-                k = a["claim"]
+        for a in c.allocations:
+            if a.claim is not None:
+                k = a.claim
                 lines.append(
-                    f"      claim {k['namespace']}/{k['name']}: DRA device {k['driver']}/"
-                    f"{k['pool']}/{k['device']} -> {a['gpu_uuid']}"
+                    f"      claim {k.namespace}/{k.name}: DRA device {k.driver}/"
+                    f"{k.pool}/{k.device} -> {a.gpu_uuid}"
                 )
-        if not c["allocations"] and not c["devices"]:
+        if not c.allocations and not c.devices:
             lines.append("      no GPU allocation known for this container")
-    for p in entry["processes"]:
+    for p in entry.processes:
         held = ", ".join(
-            f"{_cuda_name(p, g['gpu_uuid'])}{g['gpu_uuid']} {_bytes(g['used_bytes'])}"
-            for g in p["gpu_memory"]
+            f"{_cuda_name(p.cuda_devices, g.gpu_uuid)}{g.gpu_uuid} {_bytes(g.used_bytes)}"
+            for g in p.gpu_memory
         )
-        lines.append(
-            f"    process {p['pid']} {p['title'] or '?'}" + (f"  holds {held}" if held else "")
-        )
+        lines.append(f"    process {p.pid} {p.title or '?'}" + (f"  holds {held}" if held else ""))
     return lines
 
 
@@ -671,19 +765,18 @@ _CLAIM_TEXT = {
 }
 
 
-def _claim_lines(p: Mapping[str, Any]) -> list[str]:
+def _claim_lines(p: PendingDoc) -> list[str]:
     """One line per GPU claim of a pending pod, saying why it waits when a claim does."""
-    text = _CLAIM_TEXT.get(p.get("reason") or "")
-    nodes = p.get("nodes")
+    text = _CLAIM_TEXT.get(p.reason or "")
     lines = []
-    for c in p.get("claims") or ():
+    for c in p.claims:
         why = (text or "{gpus} GPU(s) of class {classes}").format(
-            classes=", ".join(c["device_classes"]),
-            nodes=f"{nodes} nodes" if nodes is not None else "any node",
-            reserved=c["reserved_for"],
-            gpus=c["gpus"],
+            classes=", ".join(c.device_classes),
+            nodes=f"{p.nodes} nodes" if p.nodes is not None else "any node",
+            reserved=c.reserved_for,
+            gpus=c.gpus,
         )
-        lines.append(f"    claim {c['name']}: {why}")
+        lines.append(f"    claim {c.name}: {why}")
     return lines
 
 
@@ -694,13 +787,12 @@ _SOCKETS_UNKNOWN = {
 }
 
 
-def _binding_text(e: Mapping[str, Any]) -> str:
+def _binding_text(e: EngineDoc) -> str:
     """How an engine's processes were found when its sockets did not say (docs/explain.md,
     `process_binding`)."""
-    binding, pids = e.get("process_binding"), e.get("pids") or []
-    own = f"processes {', '.join(str(p) for p in pids)}" if pids else "no processes"
-    why = _SOCKETS_UNKNOWN.get(e.get("sockets") or "", "none listens on its port")
-    if binding == "only_api_server":
+    own = f"processes {', '.join(str(p) for p in e.pids)}" if e.pids else "no processes"
+    why = _SOCKETS_UNKNOWN.get(e.sockets or "", "none listens on its port")
+    if e.process_binding == "only_api_server":
         return f"{own}: the only API server here ({why})"
     return (
         f"processes unknown: several API servers here and {why}, so its GPUs, flags "
@@ -708,20 +800,20 @@ def _binding_text(e: Mapping[str, Any]) -> str:
     )
 
 
-def _cuda_name(process: Mapping[str, Any], uuid: str) -> str:
-    devices = process.get("cuda_devices") or []
+def _cuda_name(devices: Sequence[str] | None, uuid: str) -> str:
+    devices = devices or ()
     return f"cuda:{devices.index(uuid)} = " if uuid in devices else ""
 
 
-def _host_process_lines(gpu: Mapping[str, Any]) -> list[str]:
+def _host_process_lines(gpu: GpuShown) -> list[str]:
     lines = []
-    for p in gpu.get("host_processes") or []:
-        uuid = p.get("gpu_uuid") or gpu["uuid"]  # on the GPU, or on one of its MIG devices
+    for p in gpu.host_processes:
+        uuid = p.gpu_uuid or gpu.uuid  # on the GPU, or on one of its MIG devices
         lines.append(
-            f"  host process {p['pid']} {p['title'] or '?'} (in no pod)  holds "
-            f"{_cuda_name(p, uuid)}{uuid} {_bytes(p['used_bytes'])}"
+            f"  host process {p.pid} {p.title or '?'} (in no pod)  holds "
+            f"{_cuda_name(p.cuda_devices, uuid)}{uuid} {_bytes(p.used_bytes)}"
         )
-    unread = gpu.get("unattributed_memory_bytes")
+    unread = gpu.unattributed_memory_bytes
     if not lines and unread:
         # NVML counts it outside every pod, but procfs could not name the process.
         lines.append(f"  processes in no pod hold {_bytes(unread)} (not identified)")
@@ -734,28 +826,26 @@ ORDINAL_NOTE = (
 )
 
 
-def ordinal_note(entry: Mapping[str, Any]) -> tuple[str, bool] | None:
+def ordinal_note(entry: PodEntry) -> tuple[str, bool] | None:
     """Where a pod shows both numberings, one line on how they relate (identity rule 4):
     naming a process whose cuda:N is not its container's ordinal N (True), else the general
     note (False); None where only one numbering appears."""
     ordinals = {
-        (c["container"], d["gpu_uuid"]): d["local_index"]
-        for c in entry["containers"]
-        for d in c["devices"]
+        (c.container, d.gpu_uuid): d.local_index for c in entry.containers for d in c.devices
     }
     both = False
-    for p in entry["processes"]:
-        container = (p.get("container") or {}).get("container")
-        for g in p["gpu_memory"]:
-            ordinal = ordinals.get((container, g["gpu_uuid"]))
-            devices = p.get("cuda_devices") or []
-            if ordinal is None or g["gpu_uuid"] not in devices:
+    for p in entry.processes:
+        container = p.container.container if p.container is not None else None
+        for g in p.gpu_memory:
+            ordinal = ordinals.get((container or "", g.gpu_uuid))
+            devices = p.cuda_devices or ()
+            if ordinal is None or g.gpu_uuid not in devices:
                 continue
             both = True
-            cuda = devices.index(g["gpu_uuid"])
+            cuda = devices.index(g.gpu_uuid)
             if cuda != ordinal:
                 return (
-                    f"    note: process {p['pid']} calls its container's ordinal {ordinal} "
+                    f"    note: process {p.pid} calls its container's ordinal {ordinal} "
                     f"cuda:{cuda}: its CUDA_VISIBLE_DEVICES renumbers the container's GPUs; "
                     "the UUID names the GPU",
                     True,

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-Doc = Mapping[str, Any]
+from gpuledger.document.v1 import (
+    EngineDoc,
+    PendingDoc,
+    PlacementGroupsDoc,
+    PodDoc,
+    ServeDeploymentDoc,
+)
 
 
 @dataclass(frozen=True)
@@ -119,47 +125,47 @@ def _pct(ratio: float | None) -> str:
     return "?" if ratio is None else f"{ratio * 100:.0f}%"
 
 
-def _name(engine: Doc) -> str:
-    return f"{engine['namespace']}/{engine['pod']} engine {engine['engine'] or '?'}"
+def _name(engine: EngineDoc) -> str:
+    return f"{engine.namespace}/{engine.pod} engine {engine.engine or '?'}"
 
 
-def _waiting(engine: Doc) -> float:
-    return float(engine.get("requests_waiting") or 0)
+def _waiting(engine: EngineDoc) -> float:
+    return float(engine.requests_waiting or 0)
 
 
-def _running(engine: Doc) -> float:
-    return float(engine.get("requests_running") or 0)
+def _running(engine: EngineDoc) -> float:
+    return float(engine.requests_running or 0)
 
 
-def _kv(engine: Doc) -> float | None:
-    kv = engine.get("kv_cache_usage_ratio")
+def _kv(engine: EngineDoc) -> float | None:
+    kv = engine.kv_cache_usage_ratio
     return None if kv is None else float(kv)
 
 
-def _max_num_seqs(engine: Doc) -> int | None:
-    text = str((engine.get("config") or {}).get("max_num_seqs", ""))
+def _max_num_seqs(engine: EngineDoc) -> int | None:
+    text = engine.config.get("max_num_seqs", "")
     return int(text) if text.isdigit() else None
 
 
-def at_max_num_seqs(engine: Doc) -> bool:
+def at_max_num_seqs(engine: EngineDoc) -> bool:
     """node_namespace_workload_pod_target_engine:gpuledger_engine_at_max_num_seqs:max:
     False where --max-num-seqs is not set."""
     limit = _max_num_seqs(engine)
     return limit is not None and _running(engine) >= limit
 
 
-def queueing(engine: Doc, t: Thresholds) -> bool:
+def queueing(engine: EngineDoc, t: Thresholds) -> bool:
     """node_namespace_workload_pod_target_engine:gpuledger_engine_queueing:max: an engine
     that is up has enough requests waiting."""
-    return bool(engine.get("up")) and _waiting(engine) >= t.queueing_min_waiting
+    return engine.up and _waiting(engine) >= t.queueing_min_waiting
 
 
-def has_headroom(engine: Doc, t: Thresholds) -> bool:
+def has_headroom(engine: EngineDoc, t: Thresholds) -> bool:
     """node_namespace_workload_pod_target_engine:gpuledger_engine_headroom:max: up, not
     queueing, KV cache below the headroom ratio, below max_num_seqs."""
     kv = _kv(engine)
     return (
-        bool(engine.get("up"))
+        engine.up
         and not queueing(engine, t)
         and kv is not None
         and kv < t.kv_headroom
@@ -167,17 +173,17 @@ def has_headroom(engine: Doc, t: Thresholds) -> bool:
     )
 
 
-def _deferred(engine: Doc) -> bool:
-    by_reason: Mapping[str, float] = engine.get("waiting_by_reason") or {}
+def _deferred(engine: EngineDoc) -> bool:
+    by_reason = engine.waiting_by_reason
     return by_reason.get("deferred", 0) > 0 and by_reason.get("capacity", 0) == 0
 
 
-def _kv_pressure(engine: Doc, t: Thresholds) -> bool:
+def _kv_pressure(engine: EngineDoc, t: Thresholds) -> bool:
     kv = _kv(engine)
     return kv is not None and kv >= t.kv_pressure
 
 
-def _bound_by_max_num_seqs(engine: Doc, t: Thresholds) -> bool:
+def _bound_by_max_num_seqs(engine: EngineDoc, t: Thresholds) -> bool:
     # The alert GpuLedgerEngineQueueingAtMaxNumSeqs: at max_num_seqs with KV headroom.
     kv = _kv(engine)
     return at_max_num_seqs(engine) and kv is not None and kv < t.kv_headroom
@@ -186,7 +192,7 @@ def _bound_by_max_num_seqs(engine: Doc, t: Thresholds) -> bool:
 # Why a queueing engine queues, per reason of the engine_queueing stage (their order is in
 # stages.json): the conditions of
 # node_namespace_workload_pod_target_engine:gpuledger_engine_queue_reason_rank:max.
-ENGINE_QUEUE_REASONS: dict[str, Callable[[Doc, Thresholds], bool]] = {
+ENGINE_QUEUE_REASONS: dict[str, Callable[[EngineDoc, Thresholds], bool]] = {
     "kv_cache": _kv_pressure,
     "deferred": lambda e, _t: _deferred(e),
     "max_num_seqs": _bound_by_max_num_seqs,
@@ -194,7 +200,7 @@ ENGINE_QUEUE_REASONS: dict[str, Callable[[Doc, Thresholds], bool]] = {
 }
 
 
-def engine_queue_reason(engine: Doc, t: Thresholds) -> tuple[str, str]:
+def engine_queue_reason(engine: EngineDoc, t: Thresholds) -> tuple[str, str]:
     """Why one queueing engine queues (the strongest reason that holds), and the evidence."""
     reason = strongest(
         "engine_queueing", (r for r, holds in ENGINE_QUEUE_REASONS.items() if holds(engine, t))
@@ -205,7 +211,7 @@ def engine_queue_reason(engine: Doc, t: Thresholds) -> tuple[str, str]:
         f"KV cache {_pct(kv)}"
     )
     if reason == "kv_cache":
-        preempted = engine.get("preemptions_total")
+        preempted = engine.preemptions_total
         extra = f", {preempted:g} preemptions so far" if preempted else ""
         return reason, f"{head} (>= {_pct(t.kv_pressure)}){extra}"
     if reason == "deferred":
@@ -216,26 +222,26 @@ def engine_queue_reason(engine: Doc, t: Thresholds) -> tuple[str, str]:
     return reason, head
 
 
-def ray_pending_reason(placement_groups: Iterable[Doc]) -> str:
+def ray_pending_reason(placement_groups: Iterable[PlacementGroupsDoc]) -> str:
     """Ray work that cannot be placed: `ray_infeasible` while a PENDING placement group is
     INFEASIBLE (namespace_workload_scheduling_state:gpuledger_ray_placement_groups_pending:sum),
     else ray_no_resources."""
     infeasible = any(
-        g.get("state") == "PENDING" and g.get("scheduling_state") == "INFEASIBLE" and g["count"]
+        g.state == "PENDING" and g.scheduling_state == "INFEASIBLE" and g.count
         for g in placement_groups
     )
     return "ray_infeasible" if infeasible else "ray_no_resources"
 
 
-def serve_router_queues(deployments: Iterable[Doc]) -> dict[tuple[str, str], float]:
+def serve_router_queues(deployments: Iterable[ServeDeploymentDoc]) -> dict[tuple[str, str], float]:
     """Requests held by Ray Serve's routers per (application, deployment), summed over the
     nodes' documents (namespace_workload_application_deployment:
     gpuledger_serve_router_queued_requests:sum); only where a router reported."""
     queued: dict[tuple[str, str], float] = {}
     for d in deployments:
-        if d.get("router_queued_requests") is not None:
-            key = (str(d["application"]), str(d["deployment"]))
-            queued[key] = queued.get(key, 0.0) + float(d["router_queued_requests"])
+        if d.router_queued_requests is not None:
+            key = (d.application, d.deployment)
+            queued[key] = queued.get(key, 0.0) + float(d.router_queued_requests)
     return queued
 
 
@@ -246,24 +252,24 @@ def _count(value: Any) -> str:
     return "?" if value is None else f"{float(value):g}"
 
 
-def _serve_evidence(deployments: Sequence[Doc], app: str, dep: str, queued: float) -> str:
+def _serve_evidence(
+    deployments: Sequence[ServeDeploymentDoc], app: str, dep: str, queued: float
+) -> str:
     """`Serve deployment app/dep: 30 queued at the router, 10 at replicas; replicas (ongoing
     of max_ongoing_requests 5): a 5, b 5; no engine of the workload queues`."""
-    rows = [d for d in deployments if (d["application"], d["deployment"]) == (app, dep)]
+    rows = [d for d in deployments if (d.application, d.deployment) == (app, dep)]
     assigned = [
-        float(d["router_requests_at_replicas"])
+        float(d.router_requests_at_replicas)
         for d in rows
-        if d.get("router_requests_at_replicas") is not None
+        if d.router_requests_at_replicas is not None
     ]
-    limit = next((d["max_ongoing_requests"] for d in rows if d.get("max_ongoing_requests")), "?")
-    replicas = [r for d in rows for r in d.get("replicas", [])]
+    limit = next((d.max_ongoing_requests for d in rows if d.max_ongoing_requests), "?")
+    replicas = [r for d in rows for r in d.replicas]
     text = f"Serve deployment {app}/{dep}: {queued:g} request(s) queued at the router"
     if assigned:
         text += f", {sum(assigned):g} at replicas"
     if replicas:
-        shown = ", ".join(
-            f"{r['replica']} {_count(r.get('ongoing_requests'))}" for r in replicas[:MAX_SHOWN]
-        )
+        shown = ", ".join(f"{r.replica} {_count(r.ongoing_requests)}" for r in replicas[:MAX_SHOWN])
         more = f" and {len(replicas) - MAX_SHOWN} more" if len(replicas) > MAX_SHOWN else ""
         text += f"; replicas (ongoing of max_ongoing_requests {limit}): {shown}{more}"
     return text + "; no engine of the workload queues"
@@ -271,46 +277,44 @@ def _serve_evidence(deployments: Sequence[Doc], app: str, dep: str, queued: floa
 
 @dataclass(frozen=True)
 class _Facts:
-    pending: Sequence[Doc]
-    pods: Sequence[Doc]
-    engines: Sequence[Doc]
+    pending: Sequence[PendingDoc]
+    pods: Sequence[PodDoc]
+    engines: Sequence[EngineDoc]
     t: Thresholds
-    serve: Sequence[Doc] = ()
-    up: list[Doc] = field(init=False)
+    serve: Sequence[ServeDeploymentDoc] = ()
+    up: list[EngineDoc] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "up", [e for e in self.engines if e.get("up")])
+        object.__setattr__(self, "up", [e for e in self.engines if e.up])
 
 
 def _pending_placement(f: _Facts) -> Verdict | None:
     # Only pods that ask for GPUs: the rules count gpuledger_pod_pending_gpus > 0.
-    pending = [p for p in f.pending if (p.get("gpus") or 0) > 0]
+    pending = [p for p in f.pending if p.gpus > 0]
     if not pending:
         return None
     return Verdict(
         "pending_placement",
-        strongest("pending_placement", (str(p.get("reason") or "other") for p in pending)),
+        strongest("pending_placement", (p.reason or "other" for p in pending)),
         tuple(
-            f"pod {p['namespace']}/{p['name']} not placed: {p.get('reason') or 'other'}"
-            f" ({p.get('gpus', 0)} GPU(s) requested)"
+            f"pod {p.namespace}/{p.name} not placed: {p.reason or 'other'}"
+            f" ({p.gpus} GPU(s) requested)"
             for p in pending
         ),
     )
 
 
 def _starting(f: _Facts) -> Verdict | None:
-    starting = [p for p in f.pods if p.get("starting")]
-    down = [e for e in f.engines if not e.get("up")]
+    starting = [p for p in f.pods if p.starting]
+    down = [e for e in f.engines if not e.up]
     if not starting and not down:
         return None
     reasons = (["pod_not_ready"] if starting else []) + (["engine_not_up"] if down else [])
     evidence = [
-        f"pod {p['namespace']}/{p['name']} placed on {p.get('node') or '?'}, not Ready yet"
-        for p in starting
+        f"pod {p.namespace}/{p.name} placed on {p.node or '?'}, not Ready yet" for p in starting
     ]
     evidence += [
-        f"{_name(e)} not answering at {e.get('url')}"
-        + (f" ({e['reason']})" if e.get("reason") else "")
+        f"{_name(e)} not answering at {e.url}" + (f" ({e.error_reason})" if e.error_reason else "")
         for e in down
     ]
     return Verdict("starting", strongest("starting", reasons), tuple(evidence))
@@ -397,11 +401,11 @@ STAGE_CONDITIONS: dict[str, Callable[[_Facts], Verdict | None]] = {
 
 
 def workload_verdict(
-    pending: Sequence[Doc],
-    pods: Sequence[Doc],
-    engines: Sequence[Doc],
+    pending: Sequence[PendingDoc],
+    pods: Sequence[PodDoc],
+    engines: Sequence[EngineDoc],
     t: Thresholds | None = None,
-    serve: Sequence[Doc] = (),
+    serve: Sequence[ServeDeploymentDoc] = (),
 ) -> Verdict:
     """`serve`: the workload's Ray Serve deployment rows of every node's document."""
     facts = _Facts(pending, pods, engines, t or Thresholds(), serve)

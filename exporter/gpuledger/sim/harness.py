@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuledger.document.v1 import LedgerDocument
 from gpuledger.engines import BY_NAME, KINDS
 from gpuledger.export.document import ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
@@ -630,7 +631,7 @@ class PhaseClock:
             self.node.apply(self.scenario.at_phase(self.current))
 
 
-def settled_document(scenario: Scenario, deadline_seconds: float = 5.0) -> dict[str, Any]:
+def settled_document(scenario: Scenario, deadline_seconds: float = 5.0) -> LedgerDocument:
     """Run `scenario` (at its current phase) and return the ledger document once every
     simulated source has answered, or after `deadline_seconds` of trying."""
     with SimulatedNode(scenario) as node:

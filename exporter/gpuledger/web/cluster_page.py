@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
+from gpuledger.document.v1 import EngineDoc, LedgerDocument, ProcessDoc, SourceDoc
 from gpuledger.explain import agents
 from gpuledger.explain.agents import (
     SERVICE_ACCOUNT_DIR,
@@ -46,12 +47,12 @@ from gpuledger.explain.chain import (
     source_state,
     verdicts,
 )
+from gpuledger.explain.result import ContainerEntry, WorkloadResult
 from gpuledger.explain.verdict import STAGE, Thresholds, Verdict
 from gpuledger.web.node_page import STYLE, simulated_banner
 
 log = logging.getLogger(__name__)
 
-Doc = Mapping[str, Any]
 # A read is reused this long: a page reloaded, or a workload opened from the list, costs
 # the agents nothing, and what the page shows is at most this much older than a read.
 CACHE_SECONDS = 10.0
@@ -72,14 +73,14 @@ class AgentRead:
     node: str | None  # the node it runs on, when known before reading it
     pod: str  # NAMESPACE/NAME of a discovered agent; "" for an --agent-url
     url: str  # where it is read (scheme, host, port: no credentials)
-    document: Doc | None
+    document: LedgerDocument | None
     error: str | None  # one safe line; None when `document` is set
     read_at: float  # wall clock of the read (a reused read is older than the page)
 
     @property
     def name(self) -> str:
         if self.document is not None:
-            return str(self.document.get("node") or self.node or self.url)
+            return self.document.node or self.node or self.url
         return self.node or self.url
 
 
@@ -257,40 +258,40 @@ def _stage(v: Verdict) -> str:
     return f"{_e(v.stage)}{reason}"
 
 
-def documents(own: Doc, reads: Sequence[AgentRead]) -> list[Doc]:
+def documents(own: LedgerDocument, reads: Sequence[AgentRead]) -> list[LedgerDocument]:
     """The cluster view's document, then each node's once (an agent reached by two
     addresses would count its engines twice)."""
-    docs, seen = [own], {own.get("node")}
+    docs, seen = [own], {own.node}
     for read in reads:
-        if read.document is not None and read.document.get("node") not in seen:
-            seen.add(read.document.get("node"))
+        if read.document is not None and read.document.node not in seen:
+            seen.add(read.document.node)
             docs.append(read.document)
     return docs
 
 
-def _engines_summary(engines: Sequence[Doc]) -> str:
+def _engines_summary(engines: Sequence[EngineDoc]) -> str:
     """Engines up, the requests they hold, the fullest KV cache: one cell, so the table
     keeps to the width of a screen."""
     if not engines:
         return "<span class=muted>none</span>"
-    up = [e for e in engines if e.get("up")]
-    waiting = sum(e.get("requests_waiting") or 0 for e in up)
-    running = sum(e.get("requests_running") or 0 for e in up)
-    kv = [e["kv_cache_usage_ratio"] for e in up if e.get("kv_cache_usage_ratio") is not None]
+    up = [e for e in engines if e.up]
+    waiting = sum(e.requests_waiting or 0 for e in up)
+    running = sum(e.requests_running or 0 for e in up)
+    kv = [e.kv_cache_usage_ratio for e in up if e.kv_cache_usage_ratio is not None]
     fullest = f"<br>max KV {max(kv) * 100:.0f}%" if kv else ""
     return f"{len(up)}/{len(engines)} up<br>{waiting:g} waiting, {running:g} running{fullest}"
 
 
 def _workload_row(w: Workload, v: Verdict) -> str:
-    nodes = sorted({str(p.get("node") or "?") for p in w.pods.values()})
-    pods = sorted(p["name"] for p in w.pods.values()) + [p["name"] for p in w.pending]
+    nodes = sorted({p.node or "?" for p in w.pods.values()})
+    pods = sorted(p.name for p in w.pods.values()) + [p.name for p in w.pending]
     return (
         "<tr>"
         f"<td>{_workload_link(w.namespace, w.name)}</td>"
         f"<td class=node>{_lines(nodes) or '<span class=muted>not placed</span>'}</td>"
         f"<td>{_lines(pods)}</td>"
         f"<td class=stage>{_stage(v)}</td>"
-        f"<td class=eng>{_engines_summary(w.engines)}</td>"
+        f"<td class=eng>{_engines_summary(w.engine_docs())}</td>"
         f"<td>{_lines(v.evidence)}</td>"
         f"<td class=next>{_next_step(v.next_step.text, v.next_step.runbook_url)}</td>"
         "</tr>"
@@ -304,40 +305,39 @@ def _workload_rows(fleet: Fleet, judged: Mapping[tuple[str, str], Verdict]) -> l
     return [_workload_row(fleet.workloads[k], judged[k]) for k in keys]
 
 
-def _pending_rows(docs: Sequence[Doc]) -> list[str]:
+def _pending_rows(docs: Sequence[LedgerDocument]) -> list[str]:
     rows = []
     for doc in docs:
-        for p in doc.get("pending", []):
+        for p in doc.pending:
             rows.append(
                 "<tr>"
-                f"<td>{_e(p['namespace'])}/{_e(p['name'])}</td>"
-                f"<td>{_workload_link(p['namespace'], p['workload'])}</td>"
-                f"<td class=bad>{_e(p.get('reason') or 'other')}</td>"
-                f"<td>{_e(p.get('gpus'))}</td><td>{_when(p.get('since'))}</td>"
+                f"<td>{_e(p.namespace)}/{_e(p.name)}</td>"
+                f"<td>{_workload_link(p.namespace, p.workload)}</td>"
+                f"<td class=bad>{_e(p.reason or 'other')}</td>"
+                f"<td>{_e(p.gpus)}</td><td>{_when(p.since)}</td>"
                 "</tr>"
             )
     return rows
 
 
-def _ray_rows(docs: Sequence[Doc]) -> list[str]:
+def _ray_rows(docs: Sequence[LedgerDocument]) -> list[str]:
     rows = []
     for doc in docs:
-        cluster = (doc.get("ray") or {}).get("cluster")
-        if not cluster:
+        cluster = doc.ray.cluster
+        if cluster is None:
             continue
         groups = [
-            f"{g['count']} {g['state']}"
-            + (f" ({g['scheduling_state']})" if g.get("scheduling_state") else "")
-            for g in cluster.get("placement_groups", [])
+            f"{g.count} {g.state}" + (f" ({g.scheduling_state})" if g.scheduling_state else "")
+            for g in cluster.placement_groups
         ]
         waiting = [
             f"{kind.replace('_', ' ')}s: {count:g}"
-            for kind, count in sorted((cluster.get("pending_gpus") or {}).items())
+            for kind, count in sorted(cluster.pending_gpus.items())
         ]
         rows.append(
             "<tr>"
-            f"<td>{_workload_link(cluster['namespace'], cluster['workload'])}</td>"
-            f"<td>{_e(doc.get('node'))}</td>"
+            f"<td>{_workload_link(cluster.namespace, cluster.workload)}</td>"
+            f"<td>{_e(doc.node)}</td>"
             f"<td>{_lines(groups) or '<span class=muted>none</span>'}</td>"
             f"<td>{_lines(waiting)}</td>"
             "</tr>"
@@ -352,8 +352,8 @@ def _agent_row(read: AgentRead, now: float) -> str:
         snapshot = gpus = pods = ""
     else:
         state = '<span class="ok">read</span>'
-        snapshot = _when(doc.get("taken_at"))
-        gpus, pods = str(len(doc.get("gpus", []))), str(len(doc.get("pods", [])))
+        snapshot = _when(doc.taken_at)
+        gpus, pods = str(len(doc.gpus)), str(len(doc.pods))
     return (
         "<tr>"
         f"<td>{_e(read.name)}</td><td>{_e(read.pod)}</td><td><code>{_e(read.url)}</code></td>"
@@ -379,20 +379,20 @@ def _unread_note(reading: Reading) -> str:
     )
 
 
-def _source(status: Doc) -> str:
+def _source(status: SourceDoc) -> str:
     # As on the node page: up green, down red with its reason, not configured grey.
     state = source_state(status)
-    name = _e(status["source"])
+    name = _e(status.source)
     if state == "up":
         return f'<span class="ok">{name}</span>'
     if state == "not_configured":
         return f'<span class="muted">{name} (not configured)</span>'
-    return f'<span class="bad">{name} (down: {_e(status.get("reason"))})</span>'
+    return f'<span class="bad">{name} (down: {_e(status.reason)})</span>'
 
 
-def _header(own: Doc, reading: Reading, ttl: float) -> str:
+def _header(own: LedgerDocument, reading: Reading, ttl: float) -> str:
     reads = reading.reads
-    sources = " ".join(_source(s) for s in own.get("sources", []))
+    sources = " ".join(_source(s) for s in own.sources)
     read = sum(r.document is not None for r in reads)
     agents = (
         f"Node agents: {read} of {len(reads)} read (each read is reused for {ttl:g} s)."
@@ -401,18 +401,18 @@ def _header(own: Doc, reading: Reading, ttl: float) -> str:
         "cluster with the chart so the agents are found by their labels."
     )
     return (
-        f"<p class=muted>cluster view {_e(own.get('node'))}, snapshot "
-        f"{_e(_when(own.get('taken_at')))}, gpuledger {_e(own.get('version'))}. "
+        f"<p class=muted>cluster view {_e(own.node)}, snapshot "
+        f"{_e(_when(own.taken_at))}, gpuledger {_e(own.version)}. "
         f'Sources: {sources}. <a href="ledger.json">ledger.json</a> · '
         f'<a href="metrics">metrics</a></p><p>{agents}</p>{_unread_note(reading)}'
     )
 
 
-def _page(title: str, body: str, docs: Sequence[Doc]) -> str:
+def _page(title: str, body: str, docs: Sequence[LedgerDocument]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
 <style>{STYLE}{CLUSTER_STYLE}</style></head><body>
-{simulated_banner(docs)}
+{simulated_banner(d.node for d in docs if d.simulated)}
 {body}
 </body></html>
 """
@@ -424,7 +424,7 @@ def _table(table_id: str, headings: Sequence[str], rows: Sequence[str], empty: s
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def render_overview(own: Doc, reading: Reading, ttl: float, now: float) -> str:
+def render_overview(own: LedgerDocument, reading: Reading, ttl: float, now: float) -> str:
     reads = reading.reads
     docs = documents(own, reads)
     fleet = Fleet(docs)
@@ -474,81 +474,79 @@ def render_overview(own: Doc, reading: Reading, ttl: float, now: float) -> str:
     return _page("gpuledger ledger: the cluster", body, docs)
 
 
-def _engine_text(e: Doc) -> str:
-    c = e.get("config") or {}
-    status = "up" if e.get("up") else '<span class="bad">not answering</span>'
+def _engine_text(e: EngineDoc) -> str:
+    c = e.config
+    status = "up" if e.up else '<span class="bad">not answering</span>'
     tp, pp = c.get("tensor_parallel_size", "?"), c.get("pipeline_parallel_size", "?")
     head = (
-        f"{_e(e.get('model_name') or '?')} DP rank {_e(e.get('engine') or '?')} {status}, "
+        f"{_e(e.model_name or '?')} DP rank {_e(e.engine or '?')} {status}, "
         f"TP {_e(tp)} x PP {_e(pp)}, max_num_seqs {_e(c.get('max_num_seqs') or '?')}"
     )
-    if not e.get("up"):
+    if not e.up:
         return head
-    kv = e.get("kv_cache_usage_ratio")
+    kv = e.kv_cache_usage_ratio
     return (
-        f"{head}<br>queue: {e.get('requests_waiting') or 0:g} waiting, "
-        f"{e.get('requests_running') or 0:g} running, KV cache "
+        f"{head}<br>queue: {e.requests_waiting or 0:g} waiting, "
+        f"{e.requests_running or 0:g} running, KV cache "
         f"{'?' if kv is None else f'{kv * 100:.0f}%'}"
     )
 
 
-def _gpus_text(containers: Sequence[Doc]) -> str:
+def _gpus_text(containers: Sequence[ContainerEntry]) -> str:
     lines = []
     for c in containers:
-        lines.append(f"container {_e(c['container'])}")
-        for d in c["devices"]:
-            index = "?" if d.get("gpu_index") is None else d["gpu_index"]
+        lines.append(f"container {_e(c.container)}")
+        for d in c.devices:
+            index = "?" if d.gpu_index is None else d.gpu_index
             lines.append(
-                f"ordinal {_e(d['local_index'])} → <code>{_e(d['gpu_uuid'])}</code> "
-                f"(host index {_e(index)}, {_e(d['source'])})"
+                f"ordinal {_e(d.local_index)} → <code>{_e(d.gpu_uuid)}</code> "
+                f"(host index {_e(index)}, {_e(d.source)})"
             )
-        if not c["devices"] and not c["allocations"]:
+        if not c.devices and not c.allocations:
             lines.append("<span class=muted>no GPU allocation known</span>")
     return "<br>".join(lines)
 
 
-def _process_text(p: Doc) -> str:
-    devices = p.get("cuda_devices") or []
+def _process_text(p: ProcessDoc) -> str:
+    devices = p.cuda_devices or ()
     held = ", ".join(
-        (f"cuda:{devices.index(g['gpu_uuid'])} = " if g["gpu_uuid"] in devices else "")
-        + f"{g['gpu_uuid']} {g['used_bytes'] / 2**30:.1f} GiB"
-        for g in p.get("gpu_memory", [])
+        (f"cuda:{devices.index(g.gpu_uuid)} = " if g.gpu_uuid in devices else "")
+        + f"{g.gpu_uuid} {(g.used_bytes or 0) / 2**30:.1f} GiB"
+        for g in p.gpu_memory
     )
-    return f"{_e(p['pid'])} {_e(p.get('title') or '?')}" + (f" holds {_e(held)}" if held else "")
+    return f"{_e(p.pid)} {_e(p.title or '?')}" + (f" holds {_e(held)}" if held else "")
 
 
-def _chain_rows(result: Mapping[str, Any]) -> list[str]:
+def _chain_rows(result: WorkloadResult) -> list[str]:
     rows = [
         "<tr>"
-        f"<td>{_e(p['namespace'])}/{_e(p['name'])}</td><td class=muted>not placed</td>"
-        f"<td class=bad>{_e(p.get('reason') or 'other')} ({_e(p.get('gpus'))} GPU(s) "
+        f"<td>{_e(p.namespace)}/{_e(p.name)}</td><td class=muted>not placed</td>"
+        f"<td class=bad>{_e(p.reason or 'other')} ({_e(p.gpus)} GPU(s) "
         "requested)</td><td></td><td></td><td></td></tr>"
-        for p in result["pending"]
+        for p in result.pending
     ]
-    for entry in result["pods"]:
-        pod = entry["pod"]
+    for entry in result.pods:
+        pod = entry.pod
         ready = (
-            '<span class="ok">Ready</span>'
-            if pod.get("ready")
-            else ('<span class="bad">not Ready</span>')
+            '<span class="ok">Ready</span>' if pod.ready else '<span class="bad">not Ready</span>'
         )
         rows.append(
             "<tr>"
-            f"<td>{_e(pod['namespace'])}/{_e(pod['name'])}<br>"
-            f"<code>{_e(pod['uid'])}</code></td>"
-            f"<td class=node>{_e(pod.get('node'))}</td>"
-            f"<td>{_e(pod.get('phase'))}, {ready}<br>requests {_e(pod.get('gpu_requests'))} "
+            f"<td>{_e(pod.namespace)}/{_e(pod.name)}<br>"
+            f"<code>{_e(pod.uid)}</code></td>"
+            f"<td class=node>{_e(pod.node)}</td>"
+            f"<td>{_e(pod.phase)}, {ready}<br>requests {_e(pod.gpu_requests)} "
             "GPU(s)</td>"
-            f"<td>{'<br>'.join(_engine_text(e) for e in entry['engines'])}</td>"
-            f"<td>{_gpus_text(entry['containers'])}</td>"
-            f"<td>{'<br>'.join(_process_text(p) for p in entry['processes'])}</td>"
+            f"<td>{'<br>'.join(_engine_text(e) for e in entry.engines)}</td>"
+            f"<td>{_gpus_text(entry.containers)}</td>"
+            f"<td>{'<br>'.join(_process_text(p) for p in entry.processes)}</td>"
             "</tr>"
         )
     return rows
 
 
 def render_workload(
-    own: Doc, reading: Reading, key: tuple[str, str], ttl: float
+    own: LedgerDocument, reading: Reading, key: tuple[str, str], ttl: float
 ) -> tuple[int, str]:
     docs = documents(own, reading.reads)
     fleet = Fleet(docs)
@@ -562,17 +560,17 @@ def render_workload(
         )
         return HTTPStatus.NOT_FOUND, _page(f"gpuledger: {name}", body, docs)
     result = explain_workload(fleet, w, Thresholds())
-    v = result["verdict"]
-    issues = "".join(f"<li>{_e(d)}</li>" for d in result["discrepancies"])
-    evidence = "".join(f"<li>{_e(x)}</li>" for x in v["evidence"])
-    reason = f" — {_e(v['reason'])}" if v["reason"] else ""
+    v = result.verdict
+    issues = "".join(f"<li>{_e(d)}</li>" for d in result.discrepancies)
+    evidence = "".join(f"<li>{_e(x)}</li>" for x in v.evidence)
+    reason = f" — {_e(v.reason)}" if v.reason else ""
     body = (
         f'<h1>Workload <span id="workload">{_e(name)}</span></h1>{back}'
         + _header(own, reading, ttl)
         + "<h2>Where requests wait</h2>"
-        + f'<p id="verdict" class=stage>{_e(STAGE_TEXT.get(v["stage"], v["stage"]))}{reason}</p>'
+        + f'<p id="verdict" class=stage>{_e(STAGE_TEXT.get(v.stage, v.stage))}{reason}</p>'
         + f"<ul>{evidence}</ul>"
-        + f'<p id="next">Next: {_next_step(v["next_step"], v.get("runbook_url"))}</p>'
+        + f'<p id="next">Next: {_next_step(v.next_step, v.runbook_url)}</p>'
         + "<h2>Chain</h2>"
         + _table(
             "chain",
@@ -591,7 +589,7 @@ def render_workload(
 
 
 def render(
-    own: Doc, reading: Reading, query: str, ttl: float, now: float | None = None
+    own: LedgerDocument, reading: Reading, query: str, ttl: float, now: float | None = None
 ) -> tuple[int, str]:
     """(status, HTML) of /ledger: the overview, or `?workload=NS/NAME`'s chain."""
     asked = parse_qs(query).get("workload", [""])[0]
@@ -608,7 +606,7 @@ class ClusterLedgerPage:
     def __init__(self, reader: AgentReader) -> None:
         self.reader = reader
 
-    def __call__(self, own: Doc, query: str) -> tuple[int, str]:
+    def __call__(self, own: LedgerDocument, query: str) -> tuple[int, str]:
         return render(own, self.reader.read(), query, self.reader.ttl_seconds)
 
 

@@ -6,9 +6,19 @@ from __future__ import annotations
 import html
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from gpuledger.document.v1 import (
+    EngineDoc,
+    GpuDoc,
+    LedgerDocument,
+    MigDeviceDoc,
+    PendingDoc,
+    PodDoc,
+    SourceDoc,
+)
 from gpuledger.explain.chain import source_state, verdicts
 from gpuledger.explain.verdict import workload_verdict
 
@@ -43,27 +53,25 @@ NUMBERING_NOTE = (
 )
 
 
-def _cuda_numbers(doc: Mapping[str, Any]) -> dict[tuple[str, str, str], set[int]]:
+def _cuda_numbers(doc: LedgerDocument) -> dict[tuple[str, str, str], set[int]]:
     """(pod_uid, container, GPU UUID) -> the cuda:N the container's processes call it."""
     found: dict[tuple[str, str, str], set[int]] = defaultdict(set)
-    for p in doc.get("processes", []):
-        container, devices = p.get("container"), p.get("cuda_devices") or []
-        for g in p["gpu_memory"] if container else []:
-            if g["gpu_uuid"] in devices:
-                key = (container["pod_uid"], container["container"], g["gpu_uuid"])
-                found[key].add(devices.index(g["gpu_uuid"]))
+    for p in doc.processes:
+        container, devices = p.container, p.cuda_devices or ()
+        for g in p.gpu_memory if container is not None else ():
+            if container is not None and g.gpu_uuid in devices:
+                key = (container.pod_uid, container.container, g.gpu_uuid)
+                found[key].add(devices.index(g.gpu_uuid))
     return found
 
 
-def _host_processes(doc: Mapping[str, Any]) -> dict[str, list[str]]:
+def _host_processes(doc: LedgerDocument) -> dict[str, list[str]]:
     """GPU UUID -> the processes in no pod that hold memory on it, as HTML."""
     found: dict[str, list[str]] = defaultdict(list)
-    for p in doc.get("processes", []):
-        for g in p["gpu_memory"] if not p.get("container") else []:
-            title = p["title"] or "?"
-            found[g["gpu_uuid"]].append(
-                _e(f"host process {p['pid']} {title} ({_gib(g['used_bytes'])})")
-            )
+    for p in doc.processes:
+        for g in p.gpu_memory if p.container is None else ():
+            title = p.title or "?"
+            found[g.gpu_uuid].append(_e(f"host process {p.pid} {title} ({_gib(g.used_bytes)})"))
     return found
 
 
@@ -72,7 +80,7 @@ def _tag(text: str, title: str) -> str:
 
 
 def _holders(
-    doc: Mapping[str, Any],
+    doc: LedgerDocument,
 ) -> tuple[dict[str, list[str]], dict[str, list[str]], bool]:
     """GPU UUID -> who it is allocated to, and who uses it (HTML), each with the container
     ordinal or the processes' cuda:N; and whether both numberings appear."""
@@ -80,38 +88,38 @@ def _holders(
     used: dict[str, list[str]] = defaultdict(list)
     cuda = _cuda_numbers(doc)
     shown: set[str] = set()
-    for c in doc.get("containers", []):
-        who = _e(f"{c['namespace']}/{c['pod']}" if c["pod"] else f"pod {c['pod_uid'][:8]}")
-        ordinals = {d["gpu_uuid"]: d["local_index"] for d in c["devices"]}
-        for a in c["allocations"]:
-            n = ordinals.get(a["gpu_uuid"])
+    for c in doc.containers:
+        who = _e(f"{c.namespace}/{c.pod}" if c.pod else f"pod {c.pod_uid[:8]}")
+        ordinals = {d.gpu_uuid: d.local_index for d in c.devices}
+        for a in c.allocations:
+            n = ordinals.get(a.gpu_uuid)
             shown |= {"ordinal"} if n is not None else set()
             ordinal = "" if n is None else _tag(f"ordinal {n}", ORDINAL_TITLE)
-            allocated[a["gpu_uuid"]].append(who + ordinal)
-        for u in c["usage"]:
-            numbers = sorted(cuda.get((c["pod_uid"], c["container"], u["gpu_uuid"]), ()))
+            allocated[a.gpu_uuid].append(who + ordinal)
+        for u in c.usage:
+            numbers = sorted(cuda.get((c.pod_uid, c.container, u.gpu_uuid), ()))
             shown |= {"cuda"} if numbers else set()
             called = ", ".join(f"cuda:{n}" for n in numbers)
             called = _tag(f"as {called}", CUDA_TITLE) if called else ""
-            used[u["gpu_uuid"]].append(f"{who}{called} ({_gib(u['memory_used_bytes'])})")
+            used[u.gpu_uuid].append(f"{who}{called} ({_gib(u.memory_used_bytes)})")
     return allocated, used, shown == {"ordinal", "cuda"}
 
 
-def _gpu_rows(doc: Mapping[str, Any]) -> tuple[list[str], bool]:
+def _gpu_rows(doc: LedgerDocument) -> tuple[list[str], bool]:
     """The GPU table's rows, and whether they show both numberings (then the note applies)."""
     allocated, used, both = _holders(doc)
     hosts = _host_processes(doc)
     issues: dict[str, list[str]] = defaultdict(list)
-    for d in doc.get("discrepancies", []):
-        kind = d["kind"].replace("_", " ")
-        issues[d["gpu_uuid"]].append(f"{kind}: {d['namespace']}/{d['pod']}")
+    for d in doc.discrepancies:
+        kind = d.kind.replace("_", " ")
+        issues[d.gpu_uuid].append(f"{kind}: {d.namespace}/{d.pod}")
     rows = []
     who = _Who(allocated, used, hosts, issues)
-    for g in doc.get("gpus", []):
-        rows.append(_gpu_row(g, _e(g["index"]), _e(g["model"]), who))
+    for g in doc.gpus:
+        rows.append(_gpu_row(g, _e(g.index), _e(g.model), who))
         # Its MIG devices right under it, numbered <gpu>:<mig> as the toolkit names them.
-        for m in g.get("mig_devices") or []:
-            number = f"{_e(g['index'])}:{_e(m['index'])}"
+        for m in g.mig_devices:
+            number = f"{_e(g.index)}:{_e(m.index)}"
             rows.append(_gpu_row(m, number, _mig_shape(m), who, mig=True))
     return rows, both
 
@@ -129,70 +137,79 @@ class _Who(NamedTuple):
 MIG_TITLE = "a MIG device of the GPU above: GPU instance (GI), compute instance (CI), profile"
 
 
-def _mig_shape(mig: Mapping[str, Any]) -> str:
-    ids = f"GI {_e(mig['gpu_instance_id'])} · CI {_e(mig['compute_instance_id'])}"
-    return f'<span title="{_e(MIG_TITLE)}">MIG {_e(mig["profile"])} ({ids})</span>'
+def _mig_shape(mig: MigDeviceDoc) -> str:
+    ids = f"GI {_e(mig.gpu_instance_id)} · CI {_e(mig.compute_instance_id)}"
+    return f'<span title="{_e(MIG_TITLE)}">MIG {_e(mig.profile)} ({ids})</span>'
 
 
-def _gpu_row(g: Mapping[str, Any], number: str, model: str, who: _Who, *, mig: bool = False) -> str:
+def _gpu_row(
+    g: GpuDoc | MigDeviceDoc, number: str, model: str, who: _Who, *, mig: bool = False
+) -> str:
     """One row of the GPU table: a GPU, or (`mig`) one of its MIG devices."""
     allocated, used, hosts, issues = who
     state = (
         '<span class="ok">up</span>'
-        if g["up"]
-        else (f'<span class="bad">down ({_e(g["error_reason"])})</span>')
+        if g.up
+        else (f'<span class="bad">down ({_e(g.error_reason)})</span>')
     )
-    host = g.get("unattributed_memory_bytes")
-    if host and not hosts[g["uuid"]]:  # NVML counts it outside every pod, unnamed
-        hosts[g["uuid"]].append(f"host processes: {_gib(host)}")
-    util = g.get("utilization_ratio")  # none for a MIG device, nor in MIG mode
+    host = g.unattributed_memory_bytes
+    if host and not hosts[g.uuid]:  # NVML counts it outside every pod, unnamed
+        hosts[g.uuid].append(f"host processes: {_gib(host)}")
+    # None for a MIG device, nor in MIG mode.
+    util = g.utilization_ratio if isinstance(g, GpuDoc) else None
     none = "<span class=muted>none</span>"
-    holders = "<br>".join(allocated[g["uuid"]]) or none
-    users = "<br>".join(used[g["uuid"]] + hosts[g["uuid"]]) or none
+    holders = "<br>".join(allocated[g.uuid]) or none
+    users = "<br>".join(used[g.uuid] + hosts[g.uuid]) or none
     return (
         f"<tr{' class=mig' if mig else ''}>"
-        f"<td>{number}</td><td><code>{_e(g['uuid'])}</code></td>"
+        f"<td>{number}</td><td><code>{_e(g.uuid)}</code></td>"
         f"<td>{model}</td><td>{state}</td>"
-        f"<td>{_gib(g['memory_used_bytes'])} / {_gib(g['memory_total_bytes'])}</td>"
+        f"<td>{_gib(g.memory_used_bytes)} / {_gib(g.memory_total_bytes)}</td>"
         f"<td>{'' if util is None else f'{util * 100:.0f}%'}</td>"
         f"<td>{holders}</td><td>{users}</td>"
-        f"<td class=bad>{'<br>'.join(map(_e, issues[g['uuid']]))}</td>"
+        f"<td class=bad>{'<br>'.join(map(_e, issues[g.uuid]))}</td>"
         "</tr>"
     )
 
 
-def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
-    groups: dict[tuple[str, str], dict[str, list[Any]]] = defaultdict(
-        lambda: {"pods": [], "engines": [], "pending": []}
-    )
-    for pod in doc.get("pods", []):
-        groups[(pod["namespace"], pod["workload"])]["pods"].append(pod)
-    for engine in doc.get("engines", []):
-        groups[(engine["namespace"], engine["workload"])]["engines"].append(engine)
-    for pending in doc.get("pending", []):
-        groups[(pending["namespace"], pending["workload"])]["pending"].append(pending)
+@dataclass
+class _Group:
+    pods: list[PodDoc] = field(default_factory=list)
+    engines: list[EngineDoc] = field(default_factory=list)
+    pending: list[PendingDoc] = field(default_factory=list)
+
+
+def _pod_names(g: _Group) -> list[str]:
+    return [p.name for p in g.pods] + [p.name for p in g.pending]
+
+
+def _workload_rows(doc: LedgerDocument) -> list[str]:
+    groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
+    for pod in doc.pods:
+        groups[(pod.namespace, pod.workload)].pods.append(pod)
+    for engine in doc.engines:
+        groups[(engine.namespace, engine.workload)].engines.append(engine)
+    for pending in doc.pending:
+        groups[(pending.namespace, pending.workload)].pending.append(pending)
     # The verdicts `gpuledger explain` gives on this document (Ray work the cluster view
     # cannot place included); an engine no workload owns is judged on its own.
     judged = verdicts([doc])
     rows = []
     for (ns, name), g in sorted(groups.items()):
-        verdict = judged.get((ns, name)) or workload_verdict(g["pending"], g["pods"], g["engines"])
-        waiting = sum(e.get("requests_waiting") or 0 for e in g["engines"] if e["up"])
-        running = sum(e.get("requests_running") or 0 for e in g["engines"] if e["up"])
-        kv = [
-            e["kv_cache_usage_ratio"]
-            for e in g["engines"]
-            if e["up"] and e["kv_cache_usage_ratio"] is not None
-        ]
+        verdict = judged.get((ns, name)) or workload_verdict(g.pending, g.pods, g.engines)
+        up = [e for e in g.engines if e.up]
+        waiting = sum(e.requests_waiting or 0 for e in up)
+        running = sum(e.requests_running or 0 for e in up)
+        kv = [e.kv_cache_usage_ratio for e in up if e.kv_cache_usage_ratio is not None]
         reason = f" ({_e(verdict.reason)})" if verdict.reason else ""
         step = verdict.next_step
         rows.append(
             "<tr>"
             f"<td>{_e(ns)}/{_e(name)}</td>"
-            f"<td>{'<br>'.join(_e(p['name']) for p in g['pods'] + g['pending'])}</td>"
+            f"<td>{'<br>'.join(_e(name) for name in _pod_names(g))}</td>"
             f"<td class=stage>{_e(verdict.stage)}{reason}</td>"
-            f"<td>{len([e for e in g['engines'] if e['up']])}/{len(g['engines'])}"
-            f"{_binding_note(g['engines'])}</td>"
+            f"<td>{len(up)}/{len(g.engines)}"
+            f"{_binding_note(g.engines)}</td>"
             f"<td>{waiting:g}</td><td>{running:g}</td>"
             f"<td>{f'{max(kv) * 100:.0f}%' if kv else ''}</td>"
             f"<td>{'<br>'.join(map(_e, verdict.evidence))}</td>"
@@ -202,13 +219,13 @@ def _workload_rows(doc: Mapping[str, Any]) -> list[str]:
     return rows
 
 
-def _binding_note(engines: list[Mapping[str, Any]]) -> str:
+def _binding_note(engines: Sequence[EngineDoc]) -> str:
     """Engines whose processes could not be told apart from a sibling's (their API
     servers' sockets unread): their GPUs, flags and parallelism are not joined."""
-    lost = [e for e in engines if e.get("process_binding") == "ambiguous"]
+    lost = [e for e in engines if e.process_binding == "ambiguous"]
     if not lost:
         return ""
-    why = {e.get("sockets") for e in lost} - {"read", None}
+    why = {e.sockets for e in lost} - {"read", None}
     reason = f" (sockets {', '.join(sorted(map(str, why)))})" if why else ""
     return (
         f'<br><span class=bad data-binding="ambiguous">{len(lost)} not joined to '
@@ -220,11 +237,11 @@ def _runbook_link(url: str | None) -> str:
     return f' <a class=runbook href="{_e(url)}">runbook</a>' if url else ""
 
 
-def _source(status: Mapping[str, Any]) -> str:
+def _source(status: SourceDoc) -> str:
     """A source as up (green), down with its reason (red), or not configured (grey: this
     exporter was not set up to read it, which is no failure)."""
     state = source_state(status)
-    name = _e(status["source"])
+    name = _e(status.source)
     attrs = f'data-source="{name}" data-state="{_e(state)}"'
     if state == "up":
         return f'<span class="ok" {attrs}>{name}</span>'
@@ -233,7 +250,7 @@ def _source(status: Mapping[str, Any]) -> str:
             f'<span class="muted" {attrs} title="this exporter is not configured to read it">'
             f"{name} (not configured)</span>"
         )
-    return f'<span class="bad" {attrs}>{name} (down: {_e(status["reason"])})</span>'
+    return f'<span class="bad" {attrs}>{name} (down: {_e(status.reason)})</span>'
 
 
 # Inline, so that every page (the index too, which has no style sheet) shows it alike.
@@ -243,9 +260,10 @@ SIMULATED_STYLE = (
 )
 
 
-def simulated_banner(docs: Iterable[Mapping[str, Any]]) -> str:
-    """A banner no one can miss when any document comes from gpuledger's simulator."""
-    nodes = [str(d.get("node")) for d in docs if d.get("simulated")]
+def simulated_banner(nodes: Iterable[str]) -> str:
+    """A banner no one can miss when any node's document comes from gpuledger's simulator
+    (`nodes`: those nodes)."""
+    nodes = list(nodes)
     if not nodes:
         return ""
     return (
@@ -255,22 +273,22 @@ def simulated_banner(docs: Iterable[Mapping[str, Any]]) -> str:
     )
 
 
-def render_page(doc: Mapping[str, Any]) -> str:
-    sources = " ".join(_source(s) for s in doc.get("sources", []))
-    taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc.get("taken_at", 0)))
+def render_page(doc: LedgerDocument) -> str:
+    sources = " ".join(_source(s) for s in doc.sources)
+    taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc.taken_at))
     rows, both_numberings = _gpu_rows(doc)
     gpu_rows = "".join(rows) or "<tr><td colspan=9 class=muted>no GPUs</td></tr>"
     numbering = f'<p class=muted id="numbering">{_e(NUMBERING_NOTE)}</p>' if both_numberings else ""
     workload_rows = "".join(_workload_rows(doc)) or (
         "<tr><td colspan=9 class=muted>no GPU workloads</td></tr>"
     )
-    unknowns = "".join(f"<li>{_e(u)}</li>" for u in doc.get("unknowns", []))
+    unknowns = "".join(f"<li>{_e(u)}</li>" for u in doc.unknowns)
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>gpuledger ledger: {_e(doc.get("node"))}</title>
+<html lang="en"><head><meta charset="utf-8"><title>gpuledger ledger: {_e(doc.node)}</title>
 <style>{STYLE}</style></head><body>
-{simulated_banner([doc])}
-<h1>GPU ledger of node <span id="node">{_e(doc.get("node"))}</span></h1>
-<p class=muted>mode {_e(doc.get("mode"))}, snapshot {_e(taken)}, gpuledger {_e(doc.get("version"))}.
+{simulated_banner([doc.node] if doc.simulated else [])}
+<h1>GPU ledger of node <span id="node">{_e(doc.node)}</span></h1>
+<p class=muted>mode {_e(doc.mode)}, snapshot {_e(taken)}, gpuledger {_e(doc.version)}.
 Sources: {sources}. <a href="ledger.json">ledger.json</a> · <a href="metrics">metrics</a></p>
 {f"<p class=bad>Not known this cycle:</p><ul>{unknowns}</ul>" if unknowns else ""}
 <h2>GPUs</h2>

@@ -11,7 +11,6 @@ import contextlib
 import gzip
 import html
 import io
-import json
 import logging
 import queue
 import selectors
@@ -19,7 +18,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
@@ -28,8 +27,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import choose_encoder
 
 from gpuledger import __version__
+from gpuledger.document.v1 import LedgerDocument
 from gpuledger.export.collector import LedgerCollector
-from gpuledger.export.document import ledger_document
+from gpuledger.export.document import document_bytes, ledger_document
 from gpuledger.export.exposition import render_text
 from gpuledger.export.published import Published
 from gpuledger.web.node_page import render_page, simulated_banner
@@ -72,6 +72,8 @@ class Exporter:
         self._age = LedgerCollector(self.current, "age")
         self._rendered = b""
         self._gzipped: bytes | None = None  # made on the first gzip scrape of a snapshot
+        # /ledger.json and /ledger read the snapshot's document, built once with it.
+        self._document: tuple[LedgerDocument, bytes] | None = None
         self._progress = time.monotonic()  # start, then the end of each completed cycle
 
     def current(self) -> tuple[Published | None, float]:
@@ -93,10 +95,18 @@ class Exporter:
         published = self._cycle()
         snapshot = LedgerCollector(lambda: (published, time.time()), "snapshot")
         rendered = render_text(snapshot.families())
+        doc = ledger_document(published)
+        document = (doc, document_bytes(doc))
         with self._lock:
             self._latest, self._rendered, self._gzipped = published, rendered, None
+            self._document = document
             self._progress = time.monotonic()
         return published
+
+    def document(self) -> tuple[LedgerDocument, bytes] | None:
+        """The last snapshot's ledger document and its /ledger.json body."""
+        with self._lock:
+            return self._document
 
     @property
     def alive(self) -> bool:
@@ -148,10 +158,10 @@ class Exporter:
 
 
 # /ledger: (status, HTML) from the snapshot's document and the request's query string.
-LedgerPage = Callable[[Mapping[str, Any], str], tuple[int, str]]
+LedgerPage = Callable[[LedgerDocument, str], tuple[int, str]]
 
 
-def node_ledger_page(doc: Mapping[str, Any], _query: str) -> tuple[int, str]:
+def node_ledger_page(doc: LedgerDocument, _query: str) -> tuple[int, str]:
     return HTTPStatus.OK, render_page(doc)
 
 
@@ -215,18 +225,17 @@ def make_handler(
                         "text/plain",
                     )
             elif path in ("/ledger.json", "/ledger"):
-                published, _ = exporter.current()
-                if published is None:
+                document = exporter.document()
+                if document is None:
                     self._send(
                         HTTPStatus.SERVICE_UNAVAILABLE,
                         b"first snapshot not taken yet\n",
                         "text/plain",
                     )
                 elif path == "/ledger.json":
-                    body = json.dumps(ledger_document(published), indent=1).encode()
-                    self._send(HTTPStatus.OK, body, "application/json")
+                    self._send(HTTPStatus.OK, document[1], "application/json")
                 else:
-                    status, page = ledger_page(ledger_document(published), query)
+                    status, page = ledger_page(document[0], query)
                     self._send(HTTPStatus(status), page.encode(), "text/html; charset=utf-8")
             elif path == "/runbooks":
                 self._send(HTTPStatus.OK, runbooks_page(), "text/html; charset=utf-8")
@@ -240,7 +249,7 @@ def make_handler(
                         if mode == "cluster"
                         else "this node's ledger"
                     ),
-                    banner=simulated_banner([{"node": node, "simulated": exporter.simulated}]),
+                    banner=simulated_banner([node] if exporter.simulated else []),
                 )
                 self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
             else:

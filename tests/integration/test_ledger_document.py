@@ -1,0 +1,43 @@
+"""The demo's /ledger.json as the typed document writes it: the same JSON as the untyped
+code wrote (tests/fixtures/ledger_documents/v1-3566608.json) but for what changes each run,
+and valid against docs/ledger.schema.json."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from typing import Any
+
+import jsonschema
+
+from gpuledger.export.document import document_bytes
+from gpuledger.sim.harness import settled_document
+from gpuledger.sim.scenario import load_scenario
+from tests.conftest import REPO
+
+DEMO = REPO / "exporter/gpuledger/sim/scenarios/demo.yaml"
+BEFORE = REPO / "tests/fixtures/ledger_documents/v1-3566608.json"
+
+
+@cache
+def demo_json() -> str:
+    return document_bytes(settled_document(load_scenario(DEMO))).decode()
+
+
+def _steady(text: str) -> str:
+    """Without what differs from run to run: times and the simulated engine's port."""
+    text = re.sub(r'"(taken_at|duration_seconds)": [0-9.e-]+', r'"\1": 0', text)
+    return re.sub(r"127\.77\.0\.1:\d+", "127.77.0.1:PORT", text)
+
+
+def test_the_demo_document_is_the_json_it_was() -> None:
+    now: dict[str, Any] = json.loads(demo_json())
+    for engine in now["engines"]:
+        assert (engine.pop("error_reason"), engine.pop("kind")) == (None, "vllm")
+    assert _steady(json.dumps(now, indent=1) + "\n") == _steady(BEFORE.read_text())
+
+
+def test_the_demo_document_holds_to_the_published_schema() -> None:
+    schema = json.loads((REPO / "docs/ledger.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(json.loads(demo_json()))
