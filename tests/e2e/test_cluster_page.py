@@ -151,7 +151,11 @@ class ClusterView:
             try:
                 with urllib.request.urlopen(f"http://{self.target}/ledger.json", timeout=2) as r:
                     doc = json.loads(r.read())
-                if doc["pending"] and all(s["up"] for s in doc["sources"]):
+                # Every configured source up (DRA is not_configured: the fake API
+                # server serves no resource.k8s.io here, as a cluster without DRA).
+                if doc["pending"] and all(
+                    s["up"] or s.get("state") == "not_configured" for s in doc["sources"]
+                ):
                     return
             except (OSError, ValueError):
                 pass
