@@ -18,7 +18,8 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
@@ -181,6 +182,71 @@ LANDING = """<!doctype html>
 """
 
 
+@dataclass(frozen=True)
+class Answer:
+    status: HTTPStatus
+    body: bytes
+    content_type: str
+    encoding: str | None = None
+
+
+_HTML = "text/html; charset=utf-8"
+_ROUTED_HEADERS = ("Accept", "Accept-Encoding")
+_NOT_YET = Answer(HTTPStatus.SERVICE_UNAVAILABLE, b"first snapshot not taken yet\n", "text/plain")
+
+
+@dataclass(frozen=True)
+class Routes:
+    """What each path answers, from the latest published snapshot; no I/O but the page's
+    own (the cluster page reads the agents)."""
+
+    exporter: Exporter
+    node: str
+    mode: str
+    ledger_page: LedgerPage = node_ledger_page
+
+    def answer(self, path: str, query: str, headers: Mapping[str, str]) -> Answer:
+        if path == "/metrics":
+            gzipped = _wants_gzip(headers.get("Accept-Encoding"))
+            body, content_type = self.exporter.render(headers.get("Accept"), gzipped)
+            return Answer(HTTPStatus.OK, body, content_type, "gzip" if gzipped else None)
+        if path == "/healthz":
+            return Answer(HTTPStatus.OK, b"ok\n", "text/plain")
+        if path == "/readyz":
+            return (
+                Answer(HTTPStatus.OK, b"ready\n", "text/plain") if self.exporter.ready else _NOT_YET
+            )
+        if path in ("/ledger.json", "/ledger"):
+            return self._ledger(path, query)
+        if path == "/runbooks":
+            return Answer(HTTPStatus.OK, runbooks_page(), _HTML)
+        if path == "/":
+            return Answer(HTTPStatus.OK, self._landing().encode(), _HTML)
+        return Answer(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+
+    def _ledger(self, path: str, query: str) -> Answer:
+        document = self.exporter.document()
+        if document is None:
+            return _NOT_YET
+        if path == "/ledger.json":
+            return Answer(HTTPStatus.OK, document[1], "application/json")
+        status, page = self.ledger_page(document[0], query)
+        return Answer(HTTPStatus(status), page.encode(), _HTML)
+
+    def _landing(self) -> str:
+        return LANDING.format(
+            version=html.escape(__version__),
+            node=html.escape(self.node),
+            mode=html.escape(self.mode),
+            ledger_what=(
+                "every workload in the cluster, from every node agent"
+                if self.mode == "cluster"
+                else "this node's ledger"
+            ),
+            banner=simulated_banner([self.node] if self.exporter.simulated else []),
+        )
+
+
 def make_handler(
     exporter: Exporter,
     node: str,
@@ -189,6 +255,8 @@ def make_handler(
     *,
     ledger_page: LedgerPage = node_ledger_page,
 ) -> type[BaseHTTPRequestHandler]:
+    routes = Routes(exporter, node, mode, ledger_page)
+
     class Handler(BaseHTTPRequestHandler):
         server_version = f"gpuledger/{__version__}"
         timeout = 10  # writing the answer to a client that stopped reading
@@ -209,70 +277,22 @@ def make_handler(
             if web is not None and not web.authorized(path, self.headers.get("Authorization")):
                 self._refuse()
                 return
-            if path == "/metrics":
-                gzipped = _wants_gzip(self.headers.get("Accept-Encoding"))
-                body, content_type = exporter.render(self.headers.get("Accept"), gzipped)
-                self._send(HTTPStatus.OK, body, content_type, "gzip" if gzipped else None)
-            elif path == "/healthz":
-                self._send(HTTPStatus.OK, b"ok\n", "text/plain")
-            elif path == "/readyz":
-                if exporter.ready:
-                    self._send(HTTPStatus.OK, b"ready\n", "text/plain")
-                else:
-                    self._send(
-                        HTTPStatus.SERVICE_UNAVAILABLE,
-                        b"first snapshot not taken yet\n",
-                        "text/plain",
-                    )
-            elif path in ("/ledger.json", "/ledger"):
-                document = exporter.document()
-                if document is None:
-                    self._send(
-                        HTTPStatus.SERVICE_UNAVAILABLE,
-                        b"first snapshot not taken yet\n",
-                        "text/plain",
-                    )
-                elif path == "/ledger.json":
-                    self._send(HTTPStatus.OK, document[1], "application/json")
-                else:
-                    status, page = ledger_page(document[0], query)
-                    self._send(HTTPStatus(status), page.encode(), "text/html; charset=utf-8")
-            elif path == "/runbooks":
-                self._send(HTTPStatus.OK, runbooks_page(), "text/html; charset=utf-8")
-            elif path == "/":
-                page = LANDING.format(
-                    version=html.escape(__version__),
-                    node=html.escape(node),
-                    mode=html.escape(mode),
-                    ledger_what=(
-                        "every workload in the cluster, from every node agent"
-                        if mode == "cluster"
-                        else "this node's ledger"
-                    ),
-                    banner=simulated_banner([node] if exporter.simulated else []),
-                )
-                self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
-            else:
-                self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+            # Only the headers a route reads (the message object is case-insensitive).
+            headers = {n: v for n in _ROUTED_HEADERS if (v := self.headers.get(n)) is not None}
+            self._send(routes.answer(path, query, headers))
 
-        def _send(
-            self,
-            status: HTTPStatus,
-            body: bytes,
-            content_type: str,
-            encoding: str | None = None,
-        ) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            if encoding is not None:
-                self.send_header("Content-Encoding", encoding)
+        def _send(self, answer: Answer) -> None:
+            self.send_response(answer.status)
+            self.send_header("Content-Type", answer.content_type)
+            if answer.encoding is not None:
+                self.send_header("Content-Encoding", answer.encoding)
                 self.send_header("Vary", "Accept-Encoding")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(answer.body)))
             for name, value in web.headers if web is not None else ():
                 self.send_header(name, value)
             self.end_headers()
             if self.command != "HEAD":
-                self.wfile.write(body)
+                self.wfile.write(answer.body)
 
         def _refuse(self) -> None:
             body = b"unauthorized\n"
