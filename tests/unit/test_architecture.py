@@ -8,6 +8,7 @@ imports transitively, so a leak through a helper module counts as much as a dire
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
@@ -265,3 +266,30 @@ def test_a_leak_put_back_is_caught(module: str) -> None:
         _patched_source.clear()
         imports_of.cache_clear()
     assert failing, f"{LEAKS[module]!r} in {module} passes every check"
+
+
+DESIGN = EXPORTER.parent / "docs" / "design.md"
+
+
+def documented_matrix() -> dict[str, frozenset[str]]:
+    """The "Layers" table of docs/design.md: layer -> what it may import."""
+    section = DESIGN.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    matrix: dict[str, frozenset[str]] = {}
+    for line in section.splitlines():
+        cells = line.split("|")
+        if len(cells) != 4 or not cells[1].strip().startswith("`"):
+            continue
+        layers = re.findall(r"`([a-z_]+)`", cells[1])
+        allowed = cells[2].strip()
+        names = frozenset(MAY_IMPORT) - set(layers) if allowed == "everything" else None
+        for layer in layers:
+            matrix[layer] = (
+                names
+                if names is not None
+                else frozenset(re.findall(r"`([a-z_]+)`", re.sub(r"\(.*?\)", "", allowed)))
+            )
+    return matrix
+
+
+def test_the_documented_matrix_is_the_tested_one() -> None:
+    assert documented_matrix() == dict(MAY_IMPORT)
