@@ -97,3 +97,10 @@ class Served:
 
 def sources(doc: dict[str, Any]) -> dict[str, tuple[bool, str | None, str | None]]:
     return {s["source"]: (s["up"], s["reason"], s["message"]) for s in doc["sources"]}
+
+
+def configured_up(status: tuple[bool, str | None, str | None]) -> bool:
+    """Up, or not configured here (reason `disabled`: e.g. DRA on an API server without
+    resource.k8s.io) — what "every source answers" means for a test."""
+    up, reason, _ = status
+    return up or reason == "disabled"

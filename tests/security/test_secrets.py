@@ -20,7 +20,7 @@ import yaml
 from gpuledger.sim.harness import SimulatedNode
 from gpuledger.sim.scenario import parse_scenario
 from gpuledger.sources.procfs.source import ALLOWED_ENV, ALLOWED_FLAGS
-from tests.security.helpers import Served, get, gpuledger, sources
+from tests.security.helpers import Served, configured_up, get, gpuledger, sources
 
 MARK = "SeCrEt"
 SECRETS = {
@@ -225,7 +225,7 @@ def test_simulate_leaks_no_secret_on_any_channel(scenario_file: Path) -> None:
          "--log-level", "debug"]
     )  # fmt: skip
     try:
-        healthy = served.wait(lambda d: all(up for up, _, _ in sources(d).values()))
+        healthy = served.wait(lambda d: all(configured_up(s) for s in sources(d).values()))
         channels = http_channels(served.base)
         assert "gpuledger_engine_requests" in channels["/metrics"]
         assert any(p["title"] == "VLLM::EngineCore" for p in healthy["processes"])
@@ -312,7 +312,7 @@ def test_serve_with_token_file_kubeconfig_token_and_url_credentials(
         env={"GPULEDGER_FAKE_NVML_STATE": str(fakes.state_file)},
     )  # fmt: skip
     try:
-        healthy = served.wait(lambda d: all(up for up, _, _ in sources(d).values()))
+        healthy = served.wait(lambda d: all(configured_up(s) for s in sources(d).values()))
         assert {e["model_name"] for e in healthy["engines"]} == {"chat", "static"}
         channels = http_channels(served.base)
         # Now every credential is refused or its endpoint fails: the error paths write
