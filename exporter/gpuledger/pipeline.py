@@ -77,7 +77,7 @@ def node_sources(config: PipelineConfig) -> list[Source[Any]]:
     """The node agent (DaemonSet): this node's GPUs, processes, pods and engines."""
     deadline = config.source_deadline_seconds
     return [
-        NvmlSource(config.nvml_library),
+        NvmlSource(config.nvml_library, topology_seconds=deadline * 0.2),
         ProcfsSource(config.proc_root, socket_seconds=deadline * 0.2),
         PodResourcesSource(
             config.podresources_socket,

@@ -4,8 +4,36 @@ on them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from gpuledger.model.bundle import Key
+
+# How two GPUs of one node reach each other, strongest first: NVLink (direct, or through
+# an NVSwitch both are linked to), then NVML's common ancestor of the pair
+# (nvmlGpuTopologyLevel_t: INTERNAL one board, SINGLE one PCIe switch, MULTIPLE several
+# switches, HOSTBRIDGE the host bridge, NODE across host bridges of one NUMA node, SYSTEM
+# across NUMA nodes), and `unknown` where NVML did not say (never guessed).
+LINK_LEVELS: Final = (
+    "nvlink",
+    "internal",
+    "single",
+    "multiple",
+    "hostbridge",
+    "node",
+    "system",
+    "unknown",
+)
+# What each level means to a person, for explain and the pages.
+LINK_MEANING: Final = {
+    "nvlink": "NVLink",
+    "internal": "one board",
+    "single": "one PCIe switch",
+    "multiple": "several PCIe switches",
+    "hostbridge": "through the PCIe host bridge",
+    "node": "across PCIe host bridges of one NUMA node",
+    "system": "crosses NUMA",
+    "unknown": "NVML did not say",
+}
 
 
 @dataclass(frozen=True)
@@ -59,9 +87,38 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class GpuLink:
+    """How two GPUs of this node reach each other, as NVML says (`a` < `b`, UUIDs).
+
+    `common_ancestor` is NVML's level name (`internal` … `system`), None where
+    nvmlDeviceGetTopologyCommonAncestor failed; `nvlink` True where an active NVLink joins
+    them (directly, or through an NVSwitch both are linked to), False where both GPUs'
+    links were all read and none does, None where that is not known.
+    """
+
+    a: str
+    b: str
+    common_ancestor: str | None
+    nvlink: bool | None
+
+    @property
+    def link(self) -> str:
+        """The pair's level in LINK_LEVELS: NVLink where it joins them, else the PCIe/CPU
+        path; unknown where either is unknown."""
+        if self.nvlink:
+            return "nvlink"
+        if self.nvlink is None or self.common_ancestor is None:
+            return "unknown"
+        return self.common_ancestor
+
+
+@dataclass(frozen=True)
 class NvmlSnapshot:
     driver_version: str | None
     gpus: tuple[Gpu, ...]
+    # Every pair of this node's GPUs (up to caps in sources/nvml.py); empty where the
+    # topology was not read (one GPU, or past the topology's share of the deadline).
+    links: tuple[GpuLink, ...] = ()
 
     def pids(self) -> set[int]:
         """Every process NVML lists, on a GPU or on a MIG device."""

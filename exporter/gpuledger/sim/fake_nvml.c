@@ -15,6 +15,9 @@
  *   mig <gpu_index> <mig_index> <uuid> <gpu_instance_id> <compute_instance_id>
  *       <gpu_instance_slices> <compute_instance_slices> <mem_total> <mem_used> <profile>
  *   proc <gpu_index> <pid> <used_memory_bytes> [<mig_index>]
+ *   topo <gpu_index> <numa_node> <host_bridge> <pcie_switches: a/b/… upstream first, or ->
+ *   nvlink <gpu_index> <link> <remote_pci_bus_id> <gpu|npu|switch>
+ *   nvlink_error <gpu_index> <nvml_return_code>
  *
  * The file is re-read by every nvmlInit* and nvmlDeviceGetCount* call, so a harness can
  * rewrite it (atomically, by rename) between phases and a long-running exporter sees the
@@ -40,9 +43,22 @@
  * privileged caller gets) carries its gpuInstanceId/computeInstanceId, and the MIG handle
  * lists it.
  *
+ * Topology, as nvml.h documents it: nvmlDeviceGetTopologyCommonAncestor answers from the
+ * two GPUs' `topo` records (SYSTEM across NUMA nodes, NODE across host bridges of one NUMA
+ * node, HOSTBRIDGE when no PCIe switch is shared, SINGLE behind the same last switch,
+ * MULTIPLE through several), NOT_SUPPORTED when either GPU has none (a platform NVML cannot
+ * read), INVALID_ARGUMENT for a GPU with itself. A GPU without `nvlink` records has no
+ * NVLink: nvmlDeviceGetNvLinkState is NOT_SUPPORTED, as on PCIe-only boards. With records
+ * it has FAKE_NVLINKS links (an H100 SXM's 18): a recorded link is active and its
+ * nvmlDeviceGetNvLinkRemotePciInfo_v2 / nvmlDeviceGetNvLinkRemoteDeviceType name the far
+ * end; the others are inactive (state 0, and NOT_SUPPORTED for their far end); a link past
+ * the count is INVALID_ARGUMENT. `nvlink_error` makes every NVLink query of that GPU fail
+ * with that code (a driver erroring). Link queries on a lost GPU answer GPU_IS_LOST.
+ *
  * Build variants (to exercise pynvml's fallbacks against older drivers):
  *   -DFAKE_NVML_NO_V3         omit nvmlDeviceGetComputeRunningProcesses_v3
  *   -DFAKE_NVML_NO_MEMORY_V2  omit nvmlDeviceGetMemoryInfo_v2
+ *   -DFAKE_NVML_NO_NVLINK_TYPE omit nvmlDeviceGetNvLinkRemoteDeviceType
  *
  * Build with -fvisibility=hidden: only NVML_EXPORT symbols are public, and exported
  * functions call static implementations only, so two copies loaded in one process (one per
@@ -93,6 +109,18 @@ enum {
 #define PCI_SUBSYSTEM_ID 0x16C110DEu
 #define NOT_IN_INSTANCE 0xFFFFFFFFu  /* gpu/compute instance id outside MIG */
 #define MEMORY_V2_VERSION 0x02000028u /* nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24 */
+#define FAKE_NVLINKS 18 /* NVLinks of an H100 SXM (NVML_NVLINK_MAX_LINKS is 36) */
+#define SWITCH_PATH_LEN 64
+/* nvmlGpuTopologyLevel_t and nvmlIntNvLinkDeviceType_t (nvml.h). */
+enum {
+    TOPOLOGY_INTERNAL = 0,
+    TOPOLOGY_SINGLE = 10,
+    TOPOLOGY_MULTIPLE = 20,
+    TOPOLOGY_HOSTBRIDGE = 30,
+    TOPOLOGY_NODE = 40,
+    TOPOLOGY_SYSTEM = 50,
+};
+enum { NVLINK_DEVICE_GPU = 0, NVLINK_DEVICE_IBMNPU = 1, NVLINK_DEVICE_SWITCH = 2 };
 
 /* ---- ABI structs (layouts from nvml.h / pynvml) ---- */
 
@@ -185,6 +213,24 @@ struct fake_proc {
     unsigned int mig; /* MIG device index, or NO_MIG */
 };
 
+/* Where a GPU sits (a `topo` record) and its NVLinks (`nvlink` records). Kept apart from
+ * fake_gpu: the records may come before their GPU's line. */
+struct fake_link {
+    int active;
+    unsigned int domain, bus, device, type;
+    char bus_id[BUS_ID_LEN];
+    char bus_id_legacy[BUS_ID_LEGACY_LEN];
+};
+
+struct fake_topo {
+    int placed; /* a topo record was read */
+    unsigned int numa, bridge;
+    char switches[SWITCH_PATH_LEN]; /* "a/b", upstream first; "" for none */
+    int has_nvlink;
+    nvmlReturn_t nvlink_error;
+    struct fake_link links[FAKE_NVLINKS];
+};
+
 struct fake_state {
     char driver[DRIVER_LEN];
     nvmlReturn_t init_error;
@@ -195,6 +241,7 @@ struct fake_state {
     struct fake_mig migs[MAX_GPUS][MAX_MIG];
     unsigned int nprocs;
     struct fake_proc procs[MAX_PROCS];
+    struct fake_topo topo[MAX_GPUS];
 };
 
 /* Opaque to callers: a pointer into g_state.gpus or g_state.migs (see resolve_locked). */
@@ -353,6 +400,59 @@ static void parse_proc(char *rest) {
     g_state.procs[g_state.nprocs++] = p;
 }
 
+static void parse_topo(char *rest) {
+    char *t_gpu = next_token(&rest), *t_numa = next_token(&rest), *t_bridge = next_token(&rest);
+    char *t_switches = next_token(&rest);
+    if (t_switches == NULL || next_token(&rest) != NULL) return;
+    unsigned int gpu, numa, bridge;
+    if (!parse_u32(t_gpu, &gpu) || gpu >= MAX_GPUS) return;
+    if (!parse_u32(t_numa, &numa) || !parse_u32(t_bridge, &bridge)) return;
+    struct fake_topo *t = &g_state.topo[gpu];
+    if (strcmp(t_switches, "-") == 0)
+        t->switches[0] = '\0';
+    else if (!copy_str(t->switches, sizeof t->switches, t_switches))
+        return;
+    t->numa = numa;
+    t->bridge = bridge;
+    t->placed = 1;
+}
+
+static void parse_nvlink(char *rest) {
+    char *t_gpu = next_token(&rest), *t_link = next_token(&rest), *t_bus = next_token(&rest);
+    char *t_type = next_token(&rest);
+    if (t_type == NULL || next_token(&rest) != NULL) return;
+    unsigned int gpu, link, function;
+    struct fake_link l;
+    memset(&l, 0, sizeof l);
+    if (!parse_u32(t_gpu, &gpu) || gpu >= MAX_GPUS) return;
+    if (!parse_u32(t_link, &link) || link >= FAKE_NVLINKS) return;
+    if (strlen(t_bus) >= BUS_ID_LEN) return;
+    if (!parse_bus_id(t_bus, &l.domain, &l.bus, &l.device, &function)) return;
+    if (strcmp(t_type, "gpu") == 0)
+        l.type = NVLINK_DEVICE_GPU;
+    else if (strcmp(t_type, "npu") == 0)
+        l.type = NVLINK_DEVICE_IBMNPU;
+    else if (strcmp(t_type, "switch") == 0)
+        l.type = NVLINK_DEVICE_SWITCH;
+    else
+        return;
+    snprintf(l.bus_id, sizeof l.bus_id, "%08X:%02X:%02X.%X", l.domain, l.bus, l.device, function);
+    snprintf(l.bus_id_legacy, sizeof l.bus_id_legacy, "%04X:%02X:%02X.%X", l.domain & 0xFFFFu,
+             l.bus, l.device, function);
+    l.active = 1;
+    g_state.topo[gpu].links[link] = l;
+    g_state.topo[gpu].has_nvlink = 1;
+}
+
+static void parse_nvlink_error(char *rest) {
+    char *t_gpu = next_token(&rest), *t_code = next_token(&rest);
+    unsigned int gpu, code;
+    if (t_code == NULL || next_token(&rest) != NULL) return;
+    if (!parse_u32(t_gpu, &gpu) || gpu >= MAX_GPUS) return;
+    if (!parse_u32(t_code, &code) || code == 0 || code > 0x7FFFFFFFu) return;
+    g_state.topo[gpu].nvlink_error = (nvmlReturn_t)code;
+}
+
 static void parse_line(char *line) {
     char *rest = line;
     char *kw = next_token(&rest);
@@ -363,6 +463,12 @@ static void parse_line(char *line) {
         parse_proc(rest);
     } else if (strcmp(kw, "mig") == 0) {
         parse_mig(rest);
+    } else if (strcmp(kw, "topo") == 0) {
+        parse_topo(rest);
+    } else if (strcmp(kw, "nvlink") == 0) {
+        parse_nvlink(rest);
+    } else if (strcmp(kw, "nvlink_error") == 0) {
+        parse_nvlink_error(rest);
     } else if (strcmp(kw, "driver") == 0) {
         char *v = next_token(&rest);
         if (v != NULL && next_token(&rest) == NULL)
@@ -1024,3 +1130,105 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t devi
                                                                nvmlProcessInfo_v1_t *infos) {
     return running_processes(device, count, infos, LAYOUT_V1, 1);
 }
+
+/* ---- topology: static placement (topo records) and NVLinks (nvlink records) ---- */
+
+/* Switches two GPUs share, counted from the host bridge down their "a/b" paths; *same_leaf
+ * when both paths are that shared part exactly (the same last switch). */
+static unsigned int shared_switches(const char *a, const char *b, int *same_leaf) {
+    unsigned int shared = 0;
+    *same_leaf = 0;
+    if (*a == '\0' || *b == '\0') return 0;
+    for (;;) {
+        size_t la = strcspn(a, "/"), lb = strcspn(b, "/");
+        if (la != lb || strncmp(a, b, la) != 0) return shared;
+        shared++;
+        a += la;
+        b += lb;
+        if (*a == '\0' || *b == '\0') {
+            *same_leaf = *a == '\0' && *b == '\0';
+            return shared;
+        }
+        a++;
+        b++;
+    }
+}
+
+static unsigned int common_level(const struct fake_topo *x, const struct fake_topo *y) {
+    if (x->numa != y->numa) return TOPOLOGY_SYSTEM;
+    if (x->bridge != y->bridge) return TOPOLOGY_NODE;
+    int same_leaf;
+    if (shared_switches(x->switches, y->switches, &same_leaf) == 0) return TOPOLOGY_HOSTBRIDGE;
+    return same_leaf ? TOPOLOGY_SINGLE : TOPOLOGY_MULTIPLE;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1,
+                                                             nvmlDevice_t device2,
+                                                             unsigned int *pathInfo) {
+    struct fake_gpu *g1, *g2;
+    struct fake_mig *m1, *m2;
+    pthread_mutex_lock(&g_lock);
+    if (g_init_count == 0) return unlock_with(NVML_ERROR_UNINITIALIZED);
+    if (resolve_locked(device1, &g1, &m1) != NVML_SUCCESS ||
+        resolve_locked(device2, &g2, &m2) != NVML_SUCCESS || pathInfo == NULL || g1 == g2)
+        return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    if (m1 != NULL || m2 != NULL) return unlock_with(NVML_ERROR_NOT_SUPPORTED);
+    const struct fake_topo *t1 = &g_state.topo[g1->index], *t2 = &g_state.topo[g2->index];
+    if (!t1->placed || !t2->placed) return unlock_with(NVML_ERROR_NOT_SUPPORTED);
+    *pathInfo = common_level(t1, t2);
+    return unlock_with(NVML_SUCCESS);
+}
+
+/* Enters with the lock held and *out the GPU's link, as every NVLink query gates it. */
+static nvmlReturn_t enter_link(nvmlDevice_t device, unsigned int link, void *result,
+                               struct fake_link **out) {
+    struct fake_gpu *g;
+    nvmlReturn_t rc = enter_device(device, &g, 1);
+    if (rc != NVML_SUCCESS) return rc;
+    struct fake_topo *t = &g_state.topo[g->index];
+    if (result == NULL) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    if (t->nvlink_error != NVML_SUCCESS) return unlock_with(t->nvlink_error);
+    if (!t->has_nvlink) return unlock_with(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= FAKE_NVLINKS) return unlock_with(NVML_ERROR_INVALID_ARGUMENT);
+    *out = &t->links[link];
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                                  unsigned int *isActive) {
+    struct fake_link *l;
+    nvmlReturn_t rc = enter_link(device, link, isActive, &l);
+    if (rc != NVML_SUCCESS) return rc;
+    *isActive = l->active ? 1u : 0u; /* NVML_FEATURE_ENABLED / NVML_FEATURE_DISABLED */
+    return unlock_with(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device,
+                                                             unsigned int link,
+                                                             nvmlPciInfo_t *pci) {
+    struct fake_link *l;
+    nvmlReturn_t rc = enter_link(device, link, pci, &l);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!l->active) return unlock_with(NVML_ERROR_NOT_SUPPORTED);
+    memset(pci, 0, sizeof *pci);
+    memcpy(pci->busIdLegacy, l->bus_id_legacy, sizeof pci->busIdLegacy);
+    memcpy(pci->busId, l->bus_id, sizeof pci->busId);
+    pci->domain = l->domain;
+    pci->bus = l->bus;
+    pci->device = l->device;
+    pci->pciDeviceId = l->type == NVLINK_DEVICE_GPU ? PCI_DEVICE_ID : 0;
+    return unlock_with(NVML_SUCCESS);
+}
+
+#ifndef FAKE_NVML_NO_NVLINK_TYPE
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device,
+                                                             unsigned int link,
+                                                             unsigned int *type) {
+    struct fake_link *l;
+    nvmlReturn_t rc = enter_link(device, link, type, &l);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!l->active) return unlock_with(NVML_ERROR_NOT_SUPPORTED);
+    *type = l->type;
+    return unlock_with(NVML_SUCCESS);
+}
+#endif

@@ -13,6 +13,9 @@ It reads its devices from a plain-text file named by ``$GPULEDGER_FAKE_NVML_STAT
     mig <gpu_index> <mig_index> <uuid> <gpu_instance_id> <compute_instance_id> \\
         <gpu_instance_slices> <compute_instance_slices> <memory_total> <memory_used> <profile>
     proc <gpu_index> <pid> <used_memory_bytes> [<mig_index>]
+    topo <gpu_index> <numa_node> <host_bridge> <pcie_switches a/b/... upstream first, or ->
+    nvlink <gpu_index> <link 0-17> <remote_pci_bus_id> <gpu|npu|switch>
+    nvlink_error <gpu_index> <nvml_return_code>
 
 (one record per line; the backslashes above are only for width). Fields are separated
 by whitespace, a line whose first field starts with ``#`` is a comment, and blank lines and
@@ -38,6 +41,13 @@ Behaviour worth knowing:
   with a MIG index runs on that MIG device: the parent's process list (NVML's aggregate)
   carries its GPU/compute instance ids. The GPU's own memory is what the state says; the
   harness sums the instances into it.
+* Topology (nvml.h's semantics): the common ancestor of two GPUs comes from their ``topo``
+  records (``SYSTEM`` across NUMA nodes, ``NODE`` across host bridges, ``HOSTBRIDGE`` with
+  no shared PCIe switch, ``SINGLE`` behind the same last switch, ``MULTIPLE`` through
+  several), ``NOT_SUPPORTED`` when either has none. A GPU without ``nvlink`` records has no
+  NVLink (``NOT_SUPPORTED``, a PCIe-only board); with them it has 18 links, the recorded
+  ones active with that far end, the rest inactive; link 18 and above are
+  ``INVALID_ARGUMENT``. ``nvlink_error`` makes that GPU's NVLink queries fail with the code.
 
 Load it the way gpuledger's NVML source does::
 
@@ -67,7 +77,9 @@ __all__ = [
     "FakeGpu",
     "FakeMig",
     "FakeNvmlBuildError",
+    "FakeNvLink",
     "FakeNvmlState",
+    "FakePlacement",
     "FakeProcess",
     "build_fake_nvml",
     "render_state",
@@ -81,6 +93,7 @@ STATE_ENV = "GPULEDGER_FAKE_NVML_STATE"
 _VARIANT_DEFINES = {
     "no_v3": "-DFAKE_NVML_NO_V3",
     "no_memory_v2": "-DFAKE_NVML_NO_MEMORY_V2",
+    "no_nvlink_type": "-DFAKE_NVML_NO_NVLINK_TYPE",
 }
 VARIANTS = frozenset(_VARIANT_DEFINES)
 
@@ -113,6 +126,10 @@ _U64_MAX = 2**64 - 1
 _BUS_ID = re.compile(r"(?:[0-9A-Fa-f]{1,8}:)?[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}(?:\.[0-7])?")
 # The C side reads the bus id's device number as 0-31 (5 bits, as in PCI).
 _MAX_PCI_DEVICE = 31
+FAKE_NVLINKS = 18  # links per GPU with NVLink (fake_nvml.c, an H100 SXM's count)
+_NVLINK_TYPES = frozenset({"gpu", "npu", "switch"})
+_SWITCH = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*")
+_SWITCH_PATH_MAX_BYTES = 63
 
 
 @dataclass(frozen=True)
@@ -159,6 +176,28 @@ class FakeProcess:
 
 
 @dataclass(frozen=True)
+class FakePlacement:
+    """Where the GPU at ``gpu_index`` sits: NUMA node, PCIe host bridge, and the PCIe
+    switches above it, upstream first (empty: straight under the host bridge)."""
+
+    gpu_index: int
+    numa_node: int
+    host_bridge: int
+    pcie_switches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FakeNvLink:
+    """An active NVLink of the GPU at ``gpu_index``: its link number and what is at the
+    far end (a PCI bus id, and ``gpu``, ``npu`` or ``switch``)."""
+
+    gpu_index: int
+    link: int
+    remote_pci_bus_id: str
+    remote_type: str = "gpu"
+
+
+@dataclass(frozen=True)
 class FakeNvmlState:
     """Everything the fake library serves; ``init_error`` != 0 makes nvmlInit fail.
 
@@ -174,6 +213,10 @@ class FakeNvmlState:
     init_error: int = 0
     query_error: int = 0
     hang_ms: int = 0
+    placements: tuple[FakePlacement, ...] = ()
+    nvlinks: tuple[FakeNvLink, ...] = ()
+    # (gpu_index, nvml return code): that GPU's NVLink queries fail with it.
+    nvlink_errors: tuple[tuple[int, int], ...] = ()
 
 
 class FakeNvmlBuildError(RuntimeError):
@@ -388,6 +431,43 @@ def _check_migs(state: FakeNvmlState) -> None:
             )
 
 
+def _render_placement(p: FakePlacement) -> str:
+    where = f"placement of GPU {p.gpu_index}"
+    _check_int(f"{where}: gpu_index", p.gpu_index, 0, _MAX_GPUS - 1)
+    _check_int(f"{where}: numa_node", p.numa_node, 0, _U32_MAX)
+    _check_int(f"{where}: host_bridge", p.host_bridge, 0, _U32_MAX)
+    path = "/".join(p.pcie_switches) or "-"
+    if p.pcie_switches and not _SWITCH.fullmatch(path):
+        raise ValueError(f"{where}: PCIe switch names are letters, digits, _ . -: {path!r}")
+    if len(path.encode()) > _SWITCH_PATH_MAX_BYTES:
+        raise ValueError(f"{where}: PCIe switches longer than {_SWITCH_PATH_MAX_BYTES} bytes")
+    return f"topo {p.gpu_index} {p.numa_node} {p.host_bridge} {path}"
+
+
+def _render_nvlink(link: FakeNvLink) -> str:
+    where = f"NVLink {link.link} of GPU {link.gpu_index}"
+    _check_int(f"{where}: gpu_index", link.gpu_index, 0, _MAX_GPUS - 1)
+    _check_int(f"{where}: link", link.link, 0, FAKE_NVLINKS - 1)
+    if not _BUS_ID.fullmatch(link.remote_pci_bus_id):
+        raise ValueError(f"{where}: remote_pci_bus_id not in hex: {link.remote_pci_bus_id!r}")
+    if link.remote_type not in _NVLINK_TYPES:
+        raise ValueError(f"{where}: remote_type one of {sorted(_NVLINK_TYPES)}")
+    return f"nvlink {link.gpu_index} {link.link} {link.remote_pci_bus_id} {link.remote_type}"
+
+
+def _topology_lines(state: FakeNvmlState) -> list[str]:
+    slots = [(n.gpu_index, n.link) for n in state.nvlinks]
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"duplicate NVLinks (gpu_index, link): {sorted(slots)}")
+    lines = [_render_placement(p) for p in state.placements]
+    lines.extend(_render_nvlink(n) for n in state.nvlinks)
+    for gpu_index, code in state.nvlink_errors:
+        _check_int("nvlink_errors: gpu_index", gpu_index, 0, _MAX_GPUS - 1)
+        _check_int("nvlink_errors: code", code, 1, 2**31 - 1)
+        lines.append(f"nvlink_error {gpu_index} {code}")
+    return lines
+
+
 def render_state(state: FakeNvmlState) -> str:
     """The state file text for ``state``; ValueError for anything the library cannot read."""
     _check_token("driver_version", state.driver_version, _DRIVER_MAX_BYTES)
@@ -414,6 +494,7 @@ def render_state(state: FakeNvmlState) -> str:
     names = {g.index: g.name for g in state.gpus}
     lines.extend(_render_mig(m, names) for m in state.migs)
     lines.extend(_render_process(p) for p in state.processes)
+    lines.extend(_topology_lines(state))
     return "\n".join(lines) + "\n"
 
 

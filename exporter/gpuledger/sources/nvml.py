@@ -10,13 +10,15 @@ import contextlib
 import ctypes
 import logging
 import threading
+import time
 from typing import Any
 
 import pynvml
 
 from gpuledger.model import Snapshots
-from gpuledger.model.nvml import NVML, Gpu, GpuProcess, MigDevice, NvmlSnapshot
+from gpuledger.model.nvml import NVML, Gpu, GpuLink, GpuProcess, MigDevice, NvmlSnapshot
 from gpuledger.sources.base import Source, SourceError
+from gpuledger.sources.nvml_topology import TopologyGpu, pci_address, read_links
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +52,14 @@ def _text(value: Any) -> str:
 class NvmlSource(Source[NvmlSnapshot]):
     key = NVML
 
-    def __init__(self, library_path: str | None = None) -> None:
+    def __init__(self, library_path: str | None = None, topology_seconds: float = 1.0) -> None:
         self.library_path = library_path
+        # The GPU pairs' topology gets this long, inside the source's deadline.
+        self.topology_seconds = topology_seconds
         self._initialised = False
         # Static facts survive a lost GPU: NVML may stop answering even for its UUID.
         self._uuid_by_index: dict[int, str] = {}
+        self._ancestors: dict[tuple[str, str], str] = {}
 
     def fetch(self, inputs: Snapshots | None = None) -> NvmlSnapshot:
         self._ensure_initialised()
@@ -65,7 +70,22 @@ class NvmlSource(Source[NvmlSnapshot]):
             self._initialised = False  # driver reloaded or gone: init again next cycle
             raise SourceError(nvml_reason(exc), f"NVML query failed: {exc}") from None
         gpus = tuple(g for g in (self._read_gpu(i) for i in range(count)) if g is not None)
-        return NvmlSnapshot(driver_version=driver, gpus=gpus)
+        return NvmlSnapshot(driver_version=driver, gpus=gpus, links=self._links(gpus))
+
+    def _links(self, gpus: tuple[Gpu, ...]) -> tuple[GpuLink, ...]:
+        """The pairs of GPUs that answer; a lost GPU's pairs are left out (unknown)."""
+        deadline = time.monotonic() + self.topology_seconds
+        found = []
+        for gpu in gpus:
+            if not gpu.up:
+                continue
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+                address = pci_address(pynvml.nvmlDeviceGetPciInfo_v3(handle))
+            except pynvml.NVMLError:
+                continue
+            found.append(TopologyGpu(gpu.uuid, handle, address))
+        return read_links(found, deadline, self._ancestors) if len(found) > 1 else ()
 
     def _ensure_initialised(self) -> None:
         if self._initialised:
