@@ -214,6 +214,9 @@ class EngineDoc:
     error_reason: str | None = None
     # The engine kind (gpuledger.engines); "" while a target of unknown kind never answered.
     kind: str = _FIRST_KIND
+    # The weakest link among its GPUs on this node (nvlink, internal, single, multiple,
+    # hostbridge, node, system, unknown); None on fewer than two, and in older documents.
+    gpu_link: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,6 +292,22 @@ class RayWorkerDoc:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RayEngineLinkDoc:
+    """The GPUs a Ray-executor engine's workers hold on one Ray node here, and the weakest
+    link among them."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    workload: str
+    ray_node_id: str
+    job_id: str
+    driver_node_id: str
+    gpus: tuple[str, ...]
+    link: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class PlacementGroupsDoc:
     state: str
     scheduling_state: str
@@ -309,6 +328,7 @@ class RayDoc:
     actors: tuple[RayActorDoc, ...] = ()
     workers: tuple[RayWorkerDoc, ...] = ()
     cluster: RayClusterDoc | None = None
+    engine_links: tuple[RayEngineLinkDoc, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

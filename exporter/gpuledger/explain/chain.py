@@ -40,7 +40,13 @@ from gpuledger.document.v1 import (
     ServeDeploymentDoc,
     SourceDoc,
 )
-from gpuledger.explain.ray import RayWorkers, footprint, footprint_lines, footprint_unknowns
+from gpuledger.explain.ray import (
+    RayWorkers,
+    footprint,
+    footprint_lines,
+    footprint_unknowns,
+    link_text,
+)
 from gpuledger.explain.result import (
     ContainerEntry,
     DeviceEntry,
@@ -384,8 +390,10 @@ def _ray_issues(w: Workload) -> list[str]:
 
 def _engine_entry(fleet: Fleet, e: OnNode) -> EngineEntry:
     doc: EngineDoc = e.row
-    fp = footprint(fleet.ray_workers, doc)
-    return EngineEntry(**vars(doc), node=e.node, ray_footprint=fp)
+    indices = {u: d.gpu.index for u, d in fleet.gpus.items()}
+    fp = footprint(fleet.ray_workers, doc, indices)
+    mine = sorted({indices[g.gpu_uuid] for g in doc.gpus if g.gpu_uuid in indices})
+    return EngineEntry(**vars(doc), node=e.node, ray_footprint=fp, gpu_indices=tuple(mine))
 
 
 def _container_entry(fleet: Fleet, c: OnNode) -> ContainerEntry:
@@ -710,6 +718,12 @@ def _engine_lines(e: EngineEntry) -> list[str]:
     ]
     if e.process_binding in ("only_api_server", "ambiguous"):  # the old rule
         lines.append(f"      {_binding_text(e)}")
+    if e.gpu_link is not None:
+        pp = c.get("pipeline_parallel_size", "")
+        what = f"TP {c.get('tensor_parallel_size', '?')}" + (
+            f" x PP {pp}" if pp not in ("", "1") else ""
+        )
+        lines.append(f"      {link_text(what, e.gpu_indices, e.gpu_link)}")
     if e.up:
         lines.append(
             f"      queue: {e.requests_waiting or 0:g} waiting, {e.requests_running or 0:g} "

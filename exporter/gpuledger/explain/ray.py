@@ -10,10 +10,11 @@ which Ray nodes' agents were not read (then the count is unknown, not short).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from gpuledger.document.v1 import EngineDoc, LedgerDocument
-from gpuledger.explain.result import Footprint, RayWorkerEntry
+from gpuledger.document.v1 import EngineDoc, LedgerDocument, RayEngineLinkDoc
+from gpuledger.explain.result import Footprint, RayLinkEntry, RayWorkerEntry
+from gpuledger.model.nvml import LINK_MEANING
 
 
 class RayWorkers:
@@ -21,16 +22,22 @@ class RayWorkers:
 
     def __init__(self, docs: Sequence[LedgerDocument]) -> None:
         self.by_engine: dict[tuple[str, str], list[RayWorkerEntry]] = defaultdict(list)
+        self.links: dict[tuple[str, str], list[tuple[str, RayEngineLinkDoc]]] = defaultdict(list)
         for doc in docs:
             for w in doc.ray.workers:
                 entry = RayWorkerEntry(**vars(w), node=doc.node)
                 self.by_engine[(w.job_id, w.driver_node_id)].append(entry)
+            for x in doc.ray.engine_links:
+                self.links[(x.job_id, x.driver_node_id)].append((doc.node, x))
         # Ray nodes some document reports workers of: their agents were read.
         self.ray_nodes = {w.ray_node_id for ws in self.by_engine.values() for w in ws}
 
 
-def footprint(workers: RayWorkers, engine: EngineDoc) -> Footprint | None:
-    """The engine's footprint; None off the Ray executor."""
+def footprint(
+    workers: RayWorkers, engine: EngineDoc, indices: Mapping[str, int] | None = None
+) -> Footprint | None:
+    """The engine's footprint; None off the Ray executor. `indices`: GPU UUID -> host
+    index, for its links' lines."""
     ray = engine.ray
     if ray is None:
         return None
@@ -46,7 +53,23 @@ def footprint(workers: RayWorkers, engine: EngineDoc) -> Footprint | None:
         unread=unread,
         gpus_in_use=len(gpus) if complete else None,
         nodes=tuple(sorted({node for node, _ in gpus})),
+        links=tuple(
+            RayLinkEntry(
+                **vars(x),
+                node=node,
+                gpu_indices=tuple(
+                    sorted((indices or {})[u] for u in x.gpus if u in (indices or {}))
+                ),
+            )
+            for node, x in sorted(workers.links.get((ray.job_id, ray.driver_node_id), []))
+        ),
     )
+
+
+def link_text(what: str, indices: Sequence[int], link: str) -> str:
+    """`TP 4 over GPUs 0,1,4,5: weakest link system (crosses NUMA)`."""
+    over = f" over GPUs {','.join(str(i) for i in indices)}" if indices else ""
+    return f"{what}{over}: weakest link {link} ({LINK_MEANING.get(link, link)})"
 
 
 def _rank_order(w: RayWorkerEntry) -> tuple[int, int, int]:
@@ -82,6 +105,9 @@ def footprint_lines(engine: EngineDoc, fp: Footprint | None) -> list[str]:
         f"      GPUs in use by its workers: {'?' if in_use is None else in_use}{where}, "
         f"configured {'?' if configured is None else configured} ({source})"
     )
+    for x in fp.links:
+        pod = f"pod {x.namespace}/{x.pod}" if x.pod else "no pod"
+        lines.append("        " + link_text(f"ranks on {x.node} ({pod})", x.gpu_indices, x.link))
     return lines
 
 

@@ -19,6 +19,7 @@ from gpuledger.document.v1 import (
     PendingDoc,
     PodDoc,
     ProcessDoc,
+    RayEngineLinkDoc,
     RayWorkerDoc,
     ServeDeploymentDoc,
     WorkerNodeDoc,
@@ -40,6 +41,14 @@ class RayWorkerEntry(RayWorkerDoc):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RayLinkEntry(RayEngineLinkDoc):
+    """The weakest link among an engine's ranks on one node, with its GPUs' host indices."""
+
+    node: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Footprint(EngineRayDoc):
     """An engine's Ray job with its workers on every node read. `gpus_in_use` counts
     distinct (node, GPU) and is None while a worker Ray lists ALIVE is on a Ray node whose
@@ -49,12 +58,15 @@ class Footprint(EngineRayDoc):
     unread: tuple[WorkerNodeDoc, ...]
     gpus_in_use: int | None
     nodes: tuple[str, ...]
+    links: tuple[RayLinkEntry, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineEntry(EngineDoc):
     node: str
     ray_footprint: Footprint | None
+    # Host indices of its GPUs on its node, for the weakest link's line.
+    gpu_indices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

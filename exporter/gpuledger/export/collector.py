@@ -22,7 +22,7 @@ from gpuledger.ledger import ContainerRef, Ledger, overflow_view
 from gpuledger.ledger.engines import identity as engine_identity
 from gpuledger.model import SOURCE_STATES
 from gpuledger.model.kubernetes import PodInfo
-from gpuledger.model.nvml import MigDevice
+from gpuledger.model.nvml import LINK_LEVELS, MigDevice
 
 # The engine's configuration labels, read from its config in this order.
 CONFIG_LABELS = F.ENGINE_CONFIG_INFO.labels[len(F.ENGINE_LABELS) :]
@@ -216,7 +216,24 @@ def engine_families(ledger: Ledger) -> Iterator[Metric]:
         if m.preemptions_total is not None:
             preemptions.add_metric(values, m.preemptions_total)
     yield from (up, requests, by_reason, kv, preemptions, config, gpu, gpus, max_seqs)
+    yield from engine_link_families(ledger)
     yield from engine_ray_families(ledger)
+
+
+def _link_states(family: GaugeMetricFamily, values: Sequence[str], link: str) -> None:
+    """A state set: one series per level, 1 for the engine's."""
+    for level in LINK_LEVELS:
+        family.add_metric([*values, level], 1 if level == link else 0)
+
+
+def engine_link_families(ledger: Ledger) -> Iterator[Metric]:
+    """The weakest link among each engine's GPUs here; absent on a node without an
+    engine on two GPUs or more."""
+    weakest = _gauge(F.ENGINE_GPU_LINK_WEAKEST)
+    for e in ledger.engines:
+        if e.gpu_link is not None:
+            _link_states(weakest, [ledger.node, *engine_identity(e)], e.gpu_link)
+    yield from (f for f in (weakest,) if f.samples)
 
 
 def engine_ray_families(ledger: Ledger) -> Iterator[Metric]:
@@ -275,7 +292,12 @@ def ray_worker_families(ledger: Ledger) -> Iterator[Metric]:
         info.add_metric([*values, w.class_name, *labels], 1)
         for uuid, used in w.memory:
             memory.add_metric([ledger.node, uuid, *pod, *engine, *labels], used)
-    yield from (f for f in (info, memory) if f.samples)
+    weakest = _gauge(F.RAY_ENGINE_GPU_LINK_WEAKEST)
+    for link in ledger.ray.engine_links if ledger.ray is not None else ():
+        values = [ledger.node, *_ray_pod(link.node.pod), _workload(link.node.pod)]
+        engine = [link.engine.job_id, link.engine.driver_node_id]
+        _link_states(weakest, [*values, *engine], link.link)
+    yield from (f for f in (info, memory, weakest) if f.samples)
 
 
 def _number(value: int | None) -> str:

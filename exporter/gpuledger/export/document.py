@@ -36,6 +36,7 @@ from gpuledger.document.v1 import (
     RayActorDoc,
     RayClusterDoc,
     RayDoc,
+    RayEngineLinkDoc,
     RayNodeDoc,
     RayWorkerDoc,
     ServeDeploymentDoc,
@@ -198,6 +199,7 @@ def _engine(e: Engine) -> EngineDoc:
         # Why it is down: the verdict's evidence says it after the URL.
         error_reason=e.error_reason,
         kind=e.kind,
+        gpu_link=e.gpu_link,
     )
 
 
@@ -289,7 +291,24 @@ def _ray_local(ledger: Ledger) -> RayDoc:
         for row in ledger.ray.actor_gpus
     )
     workers = tuple(_ray_worker(w) for w in ledger.ray.workers)
-    return RayDoc(nodes=nodes, actors=actors, workers=workers, cluster=_ray_cluster(ledger))
+    links = tuple(
+        RayEngineLinkDoc(
+            **_pod_ids(x.node.pod),
+            ray_node_id=x.node.node.node_id,
+            job_id=x.engine.job_id,
+            driver_node_id=x.engine.driver_node_id,
+            gpus=x.gpus,
+            link=x.link,
+        )
+        for x in ledger.ray.engine_links
+    )
+    return RayDoc(
+        nodes=nodes,
+        actors=actors,
+        workers=workers,
+        cluster=_ray_cluster(ledger),
+        engine_links=links,
+    )
 
 
 def _ray_cluster(ledger: Ledger) -> RayClusterDoc | None:

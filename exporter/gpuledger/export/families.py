@@ -659,6 +659,35 @@ ENGINE_GPU_INFO: Final = declare(
     ),
 )
 
+ENGINE_GPU_LINK_WEAKEST: Final = declare(
+    "gpuledger_engine_gpu_link_weakest",
+    STATESET,
+    ENGINES,
+    help=(
+        "1 for the weakest link among the engine's GPUs on this node (NVML topology: "
+        "nvlink, internal, single, multiple, hostbridge, node, system, unknown), 0 for the "
+        "others."
+    ),
+    labels=(*ENGINE_LABELS, "link"),
+    stability=EXPERIMENTAL,
+    rows="engines",
+    cap="MAX_ENGINES",
+    budget=(Budget(NODE, "8 × 256", "`link` (8 levels) per engine on two GPUs or more", 2048),),
+    meaning=(
+        "A state set, as kube-state-metrics' `kube_pod_status_phase`: eight series per "
+        "engine whose processes hold two GPUs or more here, exactly one of them 1. The "
+        "weakest pair of its GPUs sets a tensor-parallel engine's pace: `nvlink` (an active"
+        " NVLink joins them, directly or through NVSwitches), else NVML's common ancestor "
+        "(`nvmlDeviceGetTopologyCommonAncestor`): `internal` (one board), `single` (one "
+        "PCIe switch), `multiple` (several switches), `hostbridge` (the PCIe host bridge), "
+        "`node` (across host bridges of one NUMA node), `system` (across NUMA nodes, the "
+        "CPU interconnect); `unknown` where NVML did not say for some pair (a call failed, "
+        "or past the topology's share of the deadline), unless a known pair is already "
+        '`system`. `{link="system"} == 1` finds TP engines whose GPUs meet only across '
+        "the CPUs. Absent for an engine on one GPU or whose processes were not found."
+    ),
+)
+
 ENGINE_RAY_JOB_INFO: Final = declare(
     "gpuledger_engine_ray_job_info",
     INFO,
@@ -838,6 +867,37 @@ RAY_WORKER_INFO: Final = declare(
         "unnamed workers vLLM ranks by sorting their IPs); `bundle_index` its placement "
         "group bundle. Present only where procfs and NVML are up (its process was looked "
         "up); a worker whose process holds no GPU has no memory series."
+    ),
+)
+
+RAY_ENGINE_GPU_LINK_WEAKEST: Final = declare(
+    "gpuledger_ray_engine_gpu_link_weakest",
+    STATESET,
+    RAY,
+    help=(
+        "1 for the weakest link among the GPUs a Ray-executor engine's workers hold on "
+        "this Ray node (NVML topology), 0 for the others."
+    ),
+    labels=(
+        "namespace",
+        "pod",
+        "pod_uid",
+        "workload",
+        "ray_job_id",
+        "ray_driver_node_id",
+        "link",
+    ),
+    stability=EXPERIMENTAL,
+    rows="ray",
+    cap="MAX_ENGINES",
+    budget=(Budget(NODE, "8 × 256", "`link` (8 levels) per (Ray node, engine)", 2048),),
+    meaning=(
+        "As `gpuledger_engine_gpu_link_weakest`, for an engine on the Ray executor: its "
+        "ranks on each node are its worker actors there (`gpuledger_ray_worker_info`), "
+        "their GPUs by NVML PID, and the weakest pair of them. Eight series per Ray node "
+        "(a pod here) and engine (`ray_job_id`, `ray_driver_node_id`) whose workers hold "
+        "two GPUs or more on it, exactly one 1. Pairs across nodes go over the network, "
+        "which NVML does not see."
     ),
 )
 

@@ -70,6 +70,9 @@ class Engine:
     ray: EngineRay | None = None
     # Its engine kind (gpuledger.engines): the scrape's, else the previous cycle's.
     kind: str = ""
+    # The weakest link among its GPUs on this node (model.nvml.LINK_LEVELS,
+    # ledger/topology.py); None with fewer than two.
+    gpu_link: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from gpuledger.ledger.engines import (
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
+from gpuledger.ledger.topology import Topology, ray_engine_links, with_links
 from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot
 from gpuledger.model.engines import ENGINES, EnginesSnapshot
@@ -694,6 +695,9 @@ def _serving_layers(
     engines, engines_over, engine_gpus_over = _joined_engines(
         snapshots.get(ENGINES), procs, gpu_by_pid, previous, ray_local
     )
+    topology = Topology.of(nvml.gpus if nvml else (), nvml.links if nvml else ())
+    engines, engines_over = with_links(engines, topology), with_links(engines_over, topology)
+    ray, ray_over = _with_ray_links(ray, ray_over, topology)
     serve, serve_over = build_serve(
         snapshots.get(SERVE) if node_mode else None,
         ray_local,
@@ -701,6 +705,21 @@ def _serving_layers(
         engines,
     )
     return _ServingLayers(ray, ray_over, engines, engines_over, engine_gpus_over, serve, serve_over)
+
+
+def _with_ray_links(
+    ray: RayLocal | None, over: RayLocal | None, topology: Topology
+) -> tuple[RayLocal | None, RayLocal | None]:
+    """The Ray-executor engines' links on this node: from the workers kept, and from those
+    the caps cut (with the links past MAX_ENGINES) into the overflow."""
+    if ray is None:
+        return ray, over
+    kept, surplus = ray_engine_links(ray.workers, topology)
+    cut, _ = ray_engine_links(over.workers if over is not None else (), topology)
+    ray = replace(ray, engine_links=kept)
+    if over is not None:
+        over = replace(over, engine_links=(*surplus, *cut))
+    return ray, over
 
 
 def _memory_by_pid(gpus: Sequence[Gpu]) -> dict[int, list[tuple[str, int | None]]]:

@@ -68,6 +68,17 @@ class RayWorker:
 
 
 @dataclass(frozen=True)
+class RayEngineLink:
+    """The GPUs the workers of one Ray-executor engine hold on one local Ray node (its
+    ranks on this node), and the weakest link among them (ledger/topology.py)."""
+
+    node: RayNodeView
+    engine: RayEngineId
+    gpus: tuple[str, ...]
+    link: str  # one of model.nvml.LINK_LEVELS
+
+
+@dataclass(frozen=True)
 class RayLocal:
     """Node mode: what the local Ray nodes say, joined."""
 
@@ -76,6 +87,8 @@ class RayLocal:
     actor_memory: tuple[RayActorMemory, ...]
     # vLLM Ray workers here; empty while procfs, NVML or Ray's job list is unknown.
     workers: tuple[RayWorker, ...] = ()
+    # Per (Ray node, engine) holding two GPUs or more here: the weakest link among them.
+    engine_links: tuple[RayEngineLink, ...] = ()
 
 
 @dataclass(frozen=True)
