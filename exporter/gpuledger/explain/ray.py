@@ -41,6 +41,7 @@ def footprint(
     ray = engine.ray
     if ray is None:
         return None
+    known = indices or {}
     found = sorted(workers.by_engine.get((ray.job_id, ray.driver_node_id), []), key=_rank_order)
     unread = tuple(n for n in ray.worker_nodes if n.ray_node_id not in workers.ray_nodes)
     alive = int(ray.workers.get("ALIVE", 0))
@@ -57,9 +58,7 @@ def footprint(
             RayLinkEntry(
                 **vars(x),
                 node=node,
-                gpu_indices=tuple(
-                    sorted((indices or {})[u] for u in x.gpus if u in (indices or {}))
-                ),
+                gpu_indices=tuple(sorted(known[u] for u in x.gpus if u in known)),
             )
             for node, x in sorted(workers.links.get((ray.job_id, ray.driver_node_id), []))
         ),

@@ -12,6 +12,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,13 @@ from gpuledger.sim.fake_apiserver import (
 )
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sim.fake_nvml import (
+    FAKE_NVLINKS,
     STATE_ENV,
     FakeGpu,
     FakeMig,
+    FakeNvLink,
     FakeNvmlState,
+    FakePlacement,
     FakeProcess,
     build_fake_nvml,
     write_state,
@@ -109,7 +113,38 @@ def nvml_state(scenario: Scenario) -> FakeNvmlState:
         migs=fake_migs,
         driver_version=scenario.nvml.driver_version,
         init_error=scenario.nvml.init_error,
+        placements=tuple(
+            FakePlacement(g.index, g.numa_node, g.host_bridge, g.pcie_switches)
+            for g in scenario.gpus
+            if g.numa_node is not None
+        ),
+        nvlinks=fake_nvlinks(scenario.gpus),
+        nvlink_errors=tuple((g.index, g.nvlink_error) for g in scenario.gpus if g.nvlink_error),
     )
+
+
+# Where the fake's NVSwitches sit on the PCI bus (an HGX baseboard has four).
+_NVSWITCHES = tuple(f"00000000:{0xC0 + i:02X}:00.0" for i in range(4))
+
+
+def fake_nvlinks(gpus: Sequence[SimGpu]) -> tuple[FakeNvLink, ...]:
+    """Each GPU's active NVLinks, numbered from 0: one to each NVSwitch (nvswitch), then
+    one to each peer (nvlink_peers, on both ends); at most FAKE_NVLINKS per GPU."""
+    by_index = {g.index: g for g in gpus}
+    peers: dict[int, set[int]] = {g.index: set() for g in gpus}
+    for g in gpus:
+        for p in g.nvlink_peers:
+            if p in by_index and p != g.index:
+                peers[g.index].add(p)
+                peers[p].add(g.index)
+    links: list[FakeNvLink] = []
+    for g in sorted(gpus, key=lambda g: g.index):
+        far = [(bus, "switch") for bus in (_NVSWITCHES if g.nvswitch else ())]
+        far += [(by_index[p].pci_bus_id, "gpu") for p in sorted(peers[g.index])]
+        links.extend(
+            FakeNvLink(g.index, n, bus, kind) for n, (bus, kind) in enumerate(far[:FAKE_NVLINKS])
+        )
+    return tuple(links)
 
 
 def _fake_mig(gpu: SimGpu, mig: SimMig, processes_bytes: int) -> FakeMig:

@@ -41,7 +41,7 @@ HOST_CGROUP = "0::/system.slice/host-workload.service"
 MAX_DOCUMENT_NODES = 5_000_000
 _SHOW = reprlib.Repr()
 _SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxstring = 2, 3, 3, 40
-NVML_VARIANTS = ("no_v3", "no_memory_v2")
+NVML_VARIANTS = ("no_v3", "no_memory_v2", "no_nvlink_type")
 # A MIG profile as NVML names it: [<compute slices>c.]<GPU slices>g.<memory>gb[+me…].
 MIG_PROFILE = re.compile(r"(?:([1-7])c\.)?([1-8])g\.([0-9]{1,4})gb(?:[+-][a-z]+)*")
 MAX_MIG_DEVICES = 7  # per GPU, as on A100, H100 and H200
@@ -83,6 +83,12 @@ GPU_KEYS = frozenset(
         "mig_mode",
         "lost",
         "mig",
+        "numa_node",
+        "host_bridge",
+        "pcie_switches",
+        "nvlink_peers",
+        "nvswitch",
+        "nvlink_error",
     }
 )
 MIG_KEYS = frozenset(
@@ -269,6 +275,13 @@ class SimGpu:
     mig_mode: bool = False
     lost: bool = False
     mig: tuple[SimMig, ...] = ()
+    # Where it sits (NVML's topology); None: NVML cannot say (NOT_SUPPORTED).
+    numa_node: int | None = None
+    host_bridge: int = 0
+    pcie_switches: tuple[str, ...] = ()  # upstream first
+    nvlink_peers: tuple[int, ...] = ()  # GPU indices it has an NVLink to (both ends)
+    nvswitch: bool = False  # NVLinks to the node's NVSwitches (an HGX baseboard)
+    nvlink_error: int = 0  # an NVML return code every NVLink query of it fails with
 
 
 @dataclass(frozen=True)
@@ -705,12 +718,36 @@ def _gpu(doc: object, at: _Path, position: int) -> SimGpu:
         mig_mode=mig_mode,
         lost=_bool(d.get("lost", False), at / "lost"),
         mig=migs,
+        **_placement(d, at),
     )
+
+
+def _placement(d: Mapping[str, Any], at: _Path) -> dict[str, Any]:
+    """A GPU's topology keys (docs/scenarios.md, "Topology")."""
+    numa = d.get("numa_node")
+    switches = _list(d.get("pcie_switches"), at / "pcie_switches")
+    return {
+        "numa_node": None if numa is None else _int(numa, at / "numa_node"),
+        "host_bridge": _int(d.get("host_bridge", 0), at / "host_bridge"),
+        "pcie_switches": tuple(
+            _str(x, at / "pcie_switches" / i, "a PCIe switch name") for i, x in enumerate(switches)
+        ),
+        "nvlink_peers": tuple(
+            _int(x, at / "nvlink_peers" / i)
+            for i, x in enumerate(_list(d.get("nvlink_peers"), at / "nvlink_peers"))
+        ),
+        "nvswitch": _bool(d.get("nvswitch", False), at / "nvswitch"),
+        "nvlink_error": _int(d.get("nvlink_error", 0), at / "nvlink_error"),
+    }
 
 
 def _gpu_doc(gpu: SimGpu) -> dict[str, Any]:
     """A parsed GPU as a document again, for a phase's patch to merge into."""
     doc: dict[str, Any] = {k: v for k, v in gpu.__dict__.items() if k != "mig"}
+    for key in ("pcie_switches", "nvlink_peers"):
+        doc[key] = list(doc[key])
+    if doc["numa_node"] is None:
+        del doc["numa_node"]
     doc["mig"] = [
         {k: v for k, v in m.__dict__.items() if v is not None or k != "memory_used"}
         for m in gpu.mig
