@@ -109,10 +109,12 @@ def test_tp4_across_numa_is_system_and_tp2_on_nvlink_is_nvlink(simulate: Any) ->
 
 
 def test_a_failing_nvlink_query_makes_the_link_unknown_not_a_guess(simulate: Any) -> None:
-    """NVLink queries of GPU 2 fail (999, unknown error): whether NVLink joins it to GPU 3
-    is unknown, so the pair's engine is; the other engine's GPUs answered."""
+    """NVLink queries of GPUs 2 and 3 fail (999, unknown error): whether NVLink joins them
+    is unknown, so the pair's engine is (one answering end would have said: its link ends
+    at the other); the other engine's GPUs answered."""
     doc = topology_node()
-    doc["gpus"][2]["nvlink_error"] = 999
+    for i in (2, 3):
+        doc["gpus"][i]["nvlink_error"] = 999
     run = simulate(doc)
     samples = run.settle()
     assert _weakest(samples, "pair")["unknown"] == 1
