@@ -96,6 +96,7 @@ def rich_ledgers() -> list[Ledger]:
         metrics=metrics,
         config={**ray.engines[0].config, "max_num_seqs": "8"},
         gpus=(EngineGpu(ray.gpus[0].uuid, "worker", "0"),),
+        gpu_link="system",  # its GPUs meet across NUMA nodes
     )
     serve = serve_ledger(capture_snapshot())
     waiting = replace(pod(2), node_name=None, pending_since=1.0)
