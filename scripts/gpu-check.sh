@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Real-GPU check of the NVML + procfs sources (never needed by CI): a process on a whole
 # GPU, and on a MIG device where the machine has one (read-only: no MIG setting is changed;
-# without a MIG device it says so, which is no failure).
+# without a MIG device it says so, which is no failure), and NVML's topology calls (common
+# ancestor per GPU pair, NVLink state and far ends), read-only, against the NVML source.
 # Needs: an NVIDIA driver, python3 with a CUDA build of torch, and nvidia-ml-py
 # (installed from ./.whl/ offline when present). Prints PASS or FAIL; exit 0 on PASS.
 set -euo pipefail

@@ -10,6 +10,10 @@
    series keyed by the MIG UUID with `parent_gpu_uuid`. Read-only: nothing here changes a
    GPU's MIG mode or its instances, and the check verifies every GPU's MIG mode is the same
    after as before. Without a MIG device it says so, and that is no failure.
+3. The topology, read-only: per GPU its NVLinks (state, far end's PCI bus id and type),
+   per pair NVML's common ancestor, printed as NVML answers them; checked: the NVML
+   source reads every pair, with the same common ancestor, and NVLink where a link of one
+   ends at the other. With one GPU there is no pair: it prints the GPU's links and says so.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from gpuledger.model import Snapshots
 from gpuledger.model.nvml import NVML, NvmlSnapshot
 from gpuledger.model.procfs import PROCESSES
 from gpuledger.sources.nvml import NvmlSource
+from gpuledger.sources.nvml_topology import MAX_TOPOLOGY_GPUS
 from gpuledger.sources.procfs.source import ProcfsSource
 
 TITLE = "gpuledger-check-worker"
@@ -219,11 +224,98 @@ def check_mig_view(
     return failures
 
 
+LEVELS = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: "internal",
+    pynvml.NVML_TOPOLOGY_SINGLE: "single",
+    pynvml.NVML_TOPOLOGY_MULTIPLE: "multiple",
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: "hostbridge",
+    pynvml.NVML_TOPOLOGY_NODE: "node",
+    pynvml.NVML_TOPOLOGY_SYSTEM: "system",
+}
+
+
+def pair_of(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a < b else (b, a)
+
+
+def raw_nvlinks(handle: object) -> tuple[list[tuple[int, str, str]], str]:
+    """The GPU's active NVLinks as (link, far end's bus id, its type), and a note on what
+    the other links answered."""
+    active: list[tuple[int, str, str]] = []
+    answers: dict[str, int] = {}
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            state = pynvml.nvmlDeviceGetNvLinkState(handle, link)
+        except pynvml.NVMLError as exc:
+            answers[str(exc)] = answers.get(str(exc), 0) + 1
+            continue
+        answers[f"state {state}"] = answers.get(f"state {state}", 0) + 1
+        if state != pynvml.NVML_FEATURE_ENABLED:
+            continue
+        try:
+            far = text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
+        except pynvml.NVMLError as exc:
+            far = f"? ({exc})"
+        try:
+            kind = str(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
+        except pynvml.NVMLError as exc:
+            kind = f"? ({exc})"
+        active.append((link, far, kind))
+    return active, ", ".join(f"{n} x {what}" for what, n in sorted(answers.items()))
+
+
+def check_topology() -> list[str]:
+    """NVML's topology calls printed as they answer, and the source's pairs against them."""
+    count = min(pynvml.nvmlDeviceGetCount(), MAX_TOPOLOGY_GPUS)
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    uuids = [text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+    buses = [text(pynvml.nvmlDeviceGetPciInfo_v3(h).busId) for h in handles]
+    peers: set[tuple[str, str]] = set()
+    for i, h in enumerate(handles):
+        active, answers = raw_nvlinks(h)
+        print(f"topology: GPU {i} {uuids[i]} ({buses[i]}): NVLink calls: {answers}")
+        for link, far, kind in active:
+            print(f"  link {link} -> {far} (type {kind})")
+            if far in buses:
+                peers.add(pair_of(uuids[i], uuids[buses.index(far)]))
+    raw: dict[tuple[str, str], str | None] = {}
+    for i in range(count):
+        for j in range(i + 1, count):
+            try:
+                level: str | None = LEVELS.get(
+                    int(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))
+                )
+            except pynvml.NVMLError as exc:
+                level = None
+                print(f"  GPU {i} - GPU {j}: common ancestor failed: {exc}")
+            print(f"  GPU {i} - GPU {j}: common ancestor {level}")
+            raw[pair_of(uuids[i], uuids[j])] = level
+    if count < 2:
+        print("topology: one GPU, no pair to compare (no failure)")
+        return []
+    nvml, _ = read_ledger()
+    links = {pair_of(x.a, x.b): x for x in nvml.links}
+    failures = []
+    if set(links) != set(raw):
+        failures.append(f"the source read {len(links)} pairs, NVML has {len(raw)}")
+    for pair, level in raw.items():
+        got = links.get(pair)
+        if got is None:
+            continue
+        print(f"  source: {pair[0]} - {pair[1]}: {got.link}")
+        if got.common_ancestor != level:
+            failures.append(f"{pair}: source says {got.common_ancestor}, NVML {level}")
+        if pair in peers and got.nvlink is not True:
+            failures.append(f"{pair}: an NVLink joins them, the source says {got.nvlink}")
+    return failures
+
+
 def main() -> int:
     pynvml.nvmlInit()
     before = inventory()
     failures = check_whole_gpu(before)
     failures += check_mig_device(before)
+    failures += check_topology()
     after = inventory()
     if after.modes != before.modes:  # read-only: nothing may have changed a MIG setting
         failures.append(f"MIG modes changed during the check: {before.modes} -> {after.modes}")

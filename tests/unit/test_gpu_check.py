@@ -93,3 +93,33 @@ def test_mig_device_found_read_and_its_series_checked(nvml: Any) -> None:
     assert check.check_mig_view(reader, ledger, (PARENT, MIG, 3, 0), os.getpid())
     assert check.check_mig_view(reader, ledger, (GPU, MIG, 9, 0), os.getpid())
     assert check.inventory().modes == found.modes  # read-only
+
+
+def test_topology_calls_printed_and_the_sources_pairs_checked(
+    nvml: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    check = load_script()
+    nvml(
+        {
+            "gpus": [
+                {"uuid": GPU, "numa_node": 0, "nvlink_peers": [1]},
+                {"uuid": PARENT, "numa_node": 1},
+            ]
+        }
+    )
+    assert check.check_topology() == []
+    out = capsys.readouterr().out
+    assert "GPU 0 - GPU 1: common ancestor system" in out
+    assert "link 0 -> 00000000:28:00.0 (type 0)" in out  # GPU 1's bus id, a GPU
+    assert f"source: {GPU} - {PARENT}: nvlink" in out
+
+
+def test_topology_on_one_gpu_prints_its_links_and_needs_no_pair(
+    nvml: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    check = load_script()
+    nvml({"gpus": [{"uuid": GPU}]})
+    assert check.check_topology() == []
+    out = capsys.readouterr().out
+    assert "NVLink calls: 36 x Not Supported" in out  # a PCIe-only board
+    assert "topology: one GPU, no pair to compare (no failure)" in out
