@@ -158,6 +158,26 @@ local g = import '../lib/dashboards.libsonnet';
             ),
           ],
         },
+        {
+          title: 'Links between GPUs',
+          height: 7,
+          panels: [
+            g.table(
+              "Weakest link among an engine's GPUs",
+              'Per engine on two GPUs or more, the weakest link between any two of its GPUs on its node (NVML topology): nvlink, then internal (one board), single (one PCIe switch), multiple (several switches), hostbridge, node (across host bridges of one NUMA node), system (across NUMA nodes: the CPU interconnect), or unknown (NVML did not say). Tensor parallelism runs at the pace of its weakest pair.',
+              'short',
+              [g.target('max by (%s, link) (gpuledger_engine_gpu_link_weakest%s == 1)' % [by, R()])],
+              [['node', 'Node'], ['namespace', 'Namespace'], ['pod', 'Pod'], ['target', 'Target'], ['model_name', 'Model'], ['engine', 'Engine'], ['link', 'Weakest link']],
+            ),
+            g.table(
+              "Weakest link among a Ray-executor engine's ranks per node",
+              'For an engine on the Ray executor, per node and Ray job: the weakest link among the GPUs its worker actors hold there. Ranks on different nodes meet over the network, which NVML does not see.',
+              'short',
+              [g.target('max by (node, namespace, pod, ray_job_id, ray_driver_node_id, link) (gpuledger_ray_engine_gpu_link_weakest%s == 1)' % R())],
+              [['node', 'Node'], ['namespace', 'Namespace'], ['pod', 'Ray pod'], ['ray_job_id', 'Ray job'], ['ray_driver_node_id', 'Driver node'], ['link', 'Weakest link']],
+            ),
+          ],
+        },
       ],
     ),
   },

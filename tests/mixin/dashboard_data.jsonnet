@@ -88,6 +88,16 @@ f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'], 
   ]
   for w in [['0', 'GPU-a'], ['1', 'GPU-b']]
 ])
+// The links between GPUs (state sets): chat-a across NUMA nodes, the Ray engine's two
+// ranks on this node over NVLink.
++ [
+  t.gauge('gpuledger_engine_gpu_link_weakest', node + f.engineKey('chat-a') { link: l }, if l == 'system' then 1 else 0)
+  for l in ['nvlink', 'internal', 'single', 'multiple', 'hostbridge', 'node', 'system', 'unknown']
+]
++ [
+  t.gauge('gpuledger_ray_engine_gpu_link_weakest', node { namespace: 'ray', pod: 'ray-tp-worker-a', pod_uid: 'uid-ray-tp-worker-a', workload: 'ray-tp', ray_job_id: '02000000', ray_driver_node_id: 'n0de', link: l }, if l == 'nvlink' then 1 else 0)
+  for l in ['nvlink', 'internal', 'single', 'multiple', 'hostbridge', 'node', 'system', 'unknown']
+]
 // Self-monitoring.
 + f.sources()
 + [

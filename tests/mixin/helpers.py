@@ -51,6 +51,7 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_ray_placement_groups",
         "gpuledger_ray_pending_gpus",
         "gpuledger_ray_worker_info",
+        "gpuledger_ray_engine_gpu_link_weakest",
         "gpuledger_ray_worker_gpu_memory_used_bytes",
         # Ray Serve
         "gpuledger_serve_deployment_info",
@@ -66,6 +67,7 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_engine_preemptions_total",
         "gpuledger_engine_config_info",
         "gpuledger_engine_gpu_info",
+        "gpuledger_engine_gpu_link_weakest",
         "gpuledger_engine_gpus",
         "gpuledger_engine_max_num_seqs",
         "gpuledger_engine_ray_job_info",
