@@ -35,6 +35,9 @@ def test_the_demo_document_is_the_json_it_was() -> None:
     now: dict[str, Any] = json.loads(demo_json())
     for engine in now["engines"]:
         assert (engine.pop("error_reason"), engine.pop("kind")) == (None, "vllm")
+        # Added since: the demo's TP-2 engine sits on two GPUs of one NVSwitch fabric.
+        assert engine.pop("gpu_link") == "nvlink"
+    assert now["ray"].pop("engine_links") == []
     assert _steady(json.dumps(now, indent=1) + "\n") == _steady(BEFORE.read_text())
 
 
