@@ -174,3 +174,19 @@ def test_explain_finds_the_agents_of_the_workers_nodes(
     assert "GPUs in use by its workers: 4 on 2 node(s)" in out
     assert (agents["gpu-node-a"].requests, agents["gpu-node-b"].requests) == (1, 1)
     assert agents["gpu-node-c"].requests == 0
+
+
+def test_the_weakest_link_among_the_ranks_on_each_node(tmp_path: Path) -> None:
+    """Node a's two GPUs are NVLink-bridged, node b's sit on two NUMA nodes: each agent
+    says so for the ranks on its node, and explain under the engine's footprint."""
+    a, doc_a = observe(scenario("a"), tmp_path / "a")
+    b, doc_b = observe(scenario("b"), tmp_path / "b")
+    for samples_, node, link in ((a, "gpu-node-a", "nvlink"), (b, "gpu-node-b", "system")):
+        rows = pick(samples_, "gpuledger_ray_engine_gpu_link_weakest", ray_job_id="01000000")
+        assert {r[1]["link"] for r in rows if r[2] == 1} == {link}, node
+        assert len(rows) == 8  # a state set
+    text = render_text(explain([doc_a, doc_b], engine="ray/llama-head"))
+    assert "ranks on gpu-node-a (pod ray/llama-head) over GPUs 0,1: weakest link nvlink" in text
+    assert "ranks on gpu-node-b (pod ray/llama-worker-0) over GPUs 0,1: weakest link system" in (
+        text
+    )
