@@ -28,7 +28,8 @@
 
   // `namespace/workload`, or only `workload` for namespace-less Ray series.
   local workloadText = '{{ with $labels.namespace }}{{ . }}/{{ end }}{{ $labels.workload }}',
-  local engineText = 'engine {{ $labels.engine }} (model {{ $labels.model_name }}, target {{ $labels.target }}) in pod {{ $labels.namespace }}/{{ $labels.pod }} of workload {{ $labels.workload }}',
+  // An engine in no pod (a bare host: docs/design.md, identity rule 7) by its node.
+  local engineText = 'engine {{ $labels.engine }} (model {{ $labels.model_name }}, target {{ $labels.target }}) {{ if $labels.pod }}in pod {{ $labels.namespace }}/{{ $labels.pod }}{{ else }}on host {{ $labels.node }} (in no pod){{ end }} of workload {{ $labels.workload }}',
   local stageOf(name) = [s for s in $._stages.stages if s.stage == name][0],
 
   // ------------------------------------------------------------------ next steps

@@ -13,13 +13,15 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuledger.document.codec import from_json
+from gpuledger.explain.chain import explain, render_text
 from gpuledger.export.document import document_json, ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sim.fake_nvml import (
@@ -179,9 +181,16 @@ def test_ray_executor_v2_engine_joined_to_its_workers(captured: Captured) -> Non
         == 1
     )
     assert value(s, "gpuledger_engine_ray_workers", **engine, state="ALIVE") == 2
-    # The API server's flags are not read (procfs reads GPU processes and their
-    # ancestors; the workers descend from the raylet): TP x PP from the placement group.
+    # The API server (6913) holds no GPU and no GPU process descends from it (the
+    # workers are the raylet's children), yet its flags are read: procfs reads every
+    # engine-retitled process (the EngineCore 7137) and its ancestors while engines are
+    # scraped. TP x PP is the flags', as the placement group's bundles say too.
+    (config,) = pick(s, "gpuledger_engine_config_info", **engine)
+    assert config[1]["tensor_parallel_size"] == "2"
+    assert config[1]["pipeline_parallel_size"] == "1"
     assert value(s, "gpuledger_engine_gpus", **engine, state="configured") == 2
+    # The capture's server ran without --max-num-seqs (README.md there): none reported.
+    assert not pick(s, "gpuledger_engine_max_num_seqs", **engine)
     # Its GPUs are its workers', reported per node: none counted from local processes.
     assert not pick(s, "gpuledger_engine_gpus", **engine, state="in_use")
     job = {"ray_job_id": "01000000", "ray_driver_node_id": NODE_ID}
@@ -191,6 +200,8 @@ def test_ray_executor_v2_engine_joined_to_its_workers(captured: Captured) -> Non
         memory = value(s, "gpuledger_ray_worker_gpu_memory_used_bytes", **labels, gpu_uuid=uuid)
         assert memory == gib * GIB, pid
     (e,) = doc["engines"]
+    assert (e["api_server_pid"], e["pids"]) == (6913, [6913, 7137])
+    assert e["config"]["distributed_executor_backend"] == "ray"
     assert e["ray"]["driver_pid"] == 7137  # the EngineCore
     assert e["ray"]["worker_class"] == "RayWorkerProc"
     assert e["ray"]["worker_nodes"] == [{"ray_node_id": NODE_ID, "node_ip": "<ip>", "workers": 2}]
@@ -199,6 +210,41 @@ def test_ray_executor_v2_engine_joined_to_its_workers(captured: Captured) -> Non
         ("vllm_Worker_1796132130615376518_TP0", 7438, 7438),
         ("vllm_Worker_1796132130615376518_TP1", 7437, 7437),
     ]
+
+
+def test_max_num_seqs_verdict_reached_on_the_ray_executor(captured: Captured) -> None:
+    """The captured engine as a systemd unit started with `--max-num-seqs 6`, under the
+    captured load (6 running) with 40 waiting. Changed here, not captured: the flag
+    appended to the server's command line, its tree's cgroup, and the waiting sample."""
+    unit = "0::/system.slice/vllm-tiny.service"
+    tree = {6913, 7136, 7137}  # the API server, its resource tracker, the EngineCore
+    procs = tuple(
+        replace(
+            p,
+            cmdline=(*p.cmdline, "--max-num-seqs", "6") if p.pid == 6913 else p.cmdline,
+            cgroup=unit if p.pid in tree else p.cgroup,
+        )
+        for p in _processes("processes.json")
+    )
+    write_proc_root(captured.proc_root, procs)
+    body = (CAPTURE / "vllm_metrics_under_load_1.txt").read_bytes()
+    waiting = b'vllm:num_requests_waiting{engine="0",model_name="tiny"} '
+    assert waiting + b"0.0\n" in body
+    captured.metrics.body = body.replace(waiting + b"0.0\n", waiting + b"40.0\n")
+    s, doc = captured.scrape()
+    engine = {"namespace": "", "workload": "vllm-tiny.service", "model_name": "tiny"}
+    assert value(s, "gpuledger_engine_max_num_seqs", **engine) == 6
+    assert value(s, "gpuledger_engine_gpus", **engine, state="configured") == 2
+    result = explain([from_json(doc)], engine="tiny")
+    (workload,) = result["workloads"]
+    assert (workload["namespace"], workload["workload"]) == ("", "vllm-tiny.service")
+    assert (workload["verdict"]["stage"], workload["verdict"]["reason"]) == (
+        "engine_queueing",
+        "max_num_seqs",
+    )
+    text = render_text(result)
+    assert "TP 2 x PP 1  max_num_seqs 6" in text
+    assert "running = --max-num-seqs 6 with KV headroom" in text
 
 
 def test_after_engine_exit_no_ray_series_remain(captured: Captured) -> None:
@@ -290,9 +336,10 @@ def test_job_list_unreadable_says_so_and_links_nothing(captured: Captured) -> No
     captured.dashboard.set_fault("result_false", path="/api/v0/placement_groups")
     s, doc = captured.scrape()
     # One engine's job unreadable: linked, but Ray's count of its workers is unknown
-    # (none rather than 0: the footprint rule then says nothing), and so is TP x PP.
+    # (none rather than 0: the footprint rule then says nothing); TP x PP is still the
+    # API server's flags'.
     assert value(s, "gpuledger_engine_ray_job_info", model_name="tiny") == 1
     assert not pick(s, "gpuledger_engine_ray_workers")
-    assert not pick(s, "gpuledger_engine_gpus", model_name="tiny", state="configured")
+    assert value(s, "gpuledger_engine_gpus", model_name="tiny", state="configured") == 2
     assert any(u.startswith("Ray job 01000000:") for u in doc["unknowns"])
     assert len(pick(s, "gpuledger_ray_worker_info")) == 2

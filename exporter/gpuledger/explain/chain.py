@@ -364,7 +364,7 @@ def _engine_issues(engines: Iterable[EngineEntry]) -> list[str]:
             in_use, holders = e.ray_footprint.gpus_in_use, "its Ray workers hold"
         if e.up and configured is not None and in_use is not None and configured != in_use:
             issues.append(
-                f"parallelism mismatch: {e.namespace}/{e.pod} engine {e.engine} is "
+                f"parallelism mismatch: {engine_name(e)} engine {e.engine} is "
                 f"configured for {configured} GPU(s) (TP x PP) but {holders} {in_use}"
             )
     return issues
@@ -386,6 +386,11 @@ def _ray_issues(w: Workload) -> list[str]:
                 f"{a.class_name} actor(s) on pod {a.namespace}/{a.pod}"
             )
     return issues
+
+
+def engine_name(e: EngineDoc) -> str:
+    """`namespace/pod`, or for an engine in no pod its workload and target."""
+    return f"{e.namespace}/{e.pod}" if e.pod_uid else f"{e.workload} at {e.target or e.url}"
 
 
 def _engine_entry(fleet: Fleet, e: OnNode) -> EngineEntry:
@@ -450,6 +455,7 @@ def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> WorkloadResult
         serve=tuple(ServeEntry(**vars(d.row), node=d.node) for d in w.serve),
         verdict=decode(VerdictShown, verdict.to_json()),
         discrepancies=tuple(issues),
+        host_engines=tuple(e for e in engines if not e.pod_uid),
     )
 
 
@@ -502,7 +508,8 @@ def select(
             )
         return [found]
     if workload is not None:
-        ns, _, name = workload.partition("/")
+        # NAME alone (or /NAME): a workload in no namespace, an engine's on a bare host.
+        ns, _, name = workload.rpartition("/") if "/" in workload else ("", "", workload)
         if (ns, name) not in fleet.workloads:
             raise ExplainError(
                 EXIT_NOT_FOUND,
@@ -518,27 +525,38 @@ def select(
             for c in fleet.containers
             if any(x.gpu_uuid in uuids for x in (*c.row.allocations, *c.row.usage))
         }
+        # Engines whose processes hold it: on a bare host, no container does.
+        holders |= {
+            (w.namespace, w.name)
+            for w in fleet.workloads.values()
+            for e in w.engine_docs()
+            if any(g.gpu_uuid in uuids for g in e.gpus)
+        }
         return [fleet.workloads[k] for k in sorted(holders) if k in fleet.workloads]
     if engine is not None:
         matched = [
-            w
-            for w in fleet.workloads.values()
-            for e in w.engine_docs()
-            if engine
-            in (
-                e.model_name,
-                f"{e.namespace}/{e.pod}",
-                f"{e.namespace}/{e.pod}:{e.engine}",
-            )
+            w for w in fleet.workloads.values() for e in w.engine_docs() if engine in engine_keys(e)
         ]
         if not matched:
             raise ExplainError(
                 EXIT_NOT_FOUND,
-                f"no engine matches {engine!r} (expected NAMESPACE/POD[:RANK] or a model name)",
+                f"no engine matches {engine!r} (expected NAMESPACE/POD[:RANK], a model name "
+                "with or without its organisation, a target HOST:PORT, or a bare host's "
+                "WORKLOAD[:RANK])",
             )
         unique: dict[tuple[str, str], Workload] = {(w.namespace, w.name): w for w in matched}
         return list(unique.values())
     raise ExplainError(EXIT_USAGE, "say what to explain: --pod, --gpu, --workload or --engine")
+
+
+def engine_keys(e: EngineDoc) -> set[str]:
+    """What `--engine` finds an engine by: its model name, with or without the part
+    before the slash (`meta-llama/Llama-3.1-8B-Instruct`, `Llama-3.1-8B-Instruct`), its
+    target, and its pod (NAMESPACE/POD[:RANK]), or in no pod its workload[:RANK]."""
+    keys = {e.model_name, e.model_name.rpartition("/")[2], e.target}
+    where = f"{e.namespace}/{e.pod}" if e.pod_uid else e.workload
+    keys |= {where, f"{where}:{e.engine}"}
+    return keys - {""}
 
 
 def explain(
@@ -645,8 +663,13 @@ def _gpu_lines(gpu: GpuShown, held: bool) -> list[str]:
     return lines
 
 
+def workload_text(namespace: str, workload: str) -> str:
+    """`namespace/workload`, or the workload alone in no namespace (a bare host's)."""
+    return f"{namespace}/{workload}" if namespace else workload
+
+
 def _workload_lines(w: WorkloadResult) -> list[str]:
-    lines = [f"workload {w.namespace}/{w.workload}"]
+    lines = [f"workload {workload_text(w.namespace, w.workload)}"]
     for p in w.pending:
         lines.append(
             f"  pod {p.namespace}/{p.name}  uid {p.uid}  NOT PLACED: "
@@ -659,6 +682,8 @@ def _workload_lines(w: WorkloadResult) -> list[str]:
         # A difference is noted where it occurs; the general note once per output.
         if note is not None and (note[1] or ORDINAL_NOTE not in lines):
             lines.append(note[0])
+    for e in w.host_engines:
+        lines.extend(_host_engine_lines(e))
     lines.extend(_serve_lines(w.serve))
     v = w.verdict
     reason = f" — {v.reason}" if v.reason else ""
@@ -730,6 +755,16 @@ def _engine_lines(e: EngineEntry) -> list[str]:
             f"running, KV cache {(e.kv_cache_usage_ratio or 0) * 100:.0f}%"
         )
     lines.extend(footprint_lines(e, e.ray_footprint))
+    return lines
+
+
+def _host_engine_lines(e: EngineEntry) -> list[str]:
+    """An engine in no pod: where it runs, the engine, and its processes' GPUs."""
+    server = f"API server pid {e.api_server_pid}" if e.api_server_pid else "API server unknown"
+    lines = [f"  host {e.node}  target {e.target or e.url}  {server} (in no pod)"]
+    lines.extend(_engine_lines(e))
+    for g in e.gpus:
+        lines.append(f"      {g.role.replace('_', ' ')} rank {g.rank} holds {g.gpu_uuid}")
     return lines
 
 

@@ -108,6 +108,9 @@ class WorkloadResult:
     serve: tuple[ServeEntry, ...]
     verdict: VerdictShown
     discrepancies: tuple[str, ...]
+    # Its engines in no pod (a bare host, docs/design.md identity rule 7): a pod's
+    # engines are under the pod.
+    host_engines: tuple[EngineEntry, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -126,7 +126,13 @@ def _pct(ratio: float | None) -> str:
 
 
 def _name(engine: EngineDoc) -> str:
-    return f"{engine.namespace}/{engine.pod} engine {engine.engine or '?'}"
+    # An engine in no pod (a bare host) by its workload and target.
+    where = (
+        f"{engine.namespace}/{engine.pod}"
+        if engine.pod_uid
+        else f"{engine.workload} at {engine.target or engine.url}"
+    )
+    return f"{where} engine {engine.engine or '?'}"
 
 
 def _waiting(engine: EngineDoc) -> float:

@@ -14,6 +14,13 @@ with `..` components):
   `crio-<id>` (cri-o on cgroupfs), a bare `<id>` (containerd/docker on cgroupfs), and
   `crio-conmon-<id>.scope` (the monitor, not the container).
 
+A process in no pod keeps the systemd service unit its cgroup names, the innermost
+`<name>.service` component (`/system.slice/vllm-a.service`, a user unit under
+`user@1000.service/app.slice/vllm.service`): what names a workload on a host without
+Kubernetes (identity rule 7). A `.scope` (a login session, a docker container) is no
+unit: its name changes from one start to the next; nor is `user@<uid>.service`, the
+user's service manager, which holds every app of that user.
+
 Pod UIDs are normally dashed UUIDs. Static pods have a 32-hex UID (an md5 of the
 manifest, equal to the mirror pod's `kubernetes.io/config.hash` annotation); that form
 is kept as is, since adding dashes would match nothing.
@@ -26,7 +33,13 @@ import re
 
 from gpuledger.model.procfs import NO_IDENTITY, CgroupIdentity
 
-__all__ = ["NO_IDENTITY", "CgroupIdentity", "parse_cgroup_file", "parse_cgroup_path"]
+__all__ = [
+    "NO_IDENTITY",
+    "CgroupIdentity",
+    "parse_cgroup_file",
+    "parse_cgroup_path",
+    "systemd_unit",
+]
 
 
 _DASHED_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -39,6 +52,10 @@ _CONTAINER = re.compile(r"(?:(cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.s
 _CONMON = re.compile(r"crio-conmon-[0-9a-f]{64}(?:\.scope)?")
 _RUNTIMES = {"cri-containerd": "containerd", "crio": "cri-o", "docker": "docker"}
 _QOS_CLASSES = ("burstable", "besteffort")
+# A systemd service unit name (systemd.unit(5): letters, digits, `:-_.\\`, `@` for
+# template instances), at most 255 characters.
+_UNIT = re.compile(r"[A-Za-z0-9:_.@\\-]{1,247}\.service")
+_USER_MANAGER = re.compile(r"user@\d+\.service")
 # cgroup v2 marks a removed cgroup this way (a process that outlived its container).
 _DELETED_SUFFIX = " (deleted)"
 
@@ -110,6 +127,16 @@ def parse_cgroup_path(path: str) -> CgroupIdentity:
     return NO_IDENTITY
 
 
+def systemd_unit(path: str) -> str | None:
+    """The innermost systemd service unit of a cgroup path (`vllm-a.service`); None when
+    the path names none (a `.scope`, cgroupfs, the root). Case is kept: unit names are."""
+    path = path.strip().removesuffix(_DELETED_SUFFIX).rstrip()
+    for component in reversed(path.split("/")):
+        if _UNIT.fullmatch(component) and not _USER_MANAGER.fullmatch(component):
+            return component
+    return None
+
+
 # The processes of a container share one cgroup file, and it does not change from cycle to
 # cycle: parsing each distinct text once was a quarter of procfs's own CPU on a dense node.
 @functools.lru_cache(maxsize=4096)
@@ -118,9 +145,11 @@ def parse_cgroup_file(text: str) -> CgroupIdentity:
 
     The v2 line (`0::/path`) is preferred; otherwise the first v1 line whose path names a
     pod. Which v1 controller that is does not matter: the kubelet puts a pod in the same
-    path in every hierarchy. Malformed lines are skipped; never raises.
+    path in every hierarchy. Malformed lines are skipped; never raises. A process in no
+    pod gets the systemd unit of the v2 path, else of v1's `name=systemd` hierarchy.
     """
     v1_paths: list[str] = []
+    unit: str | None = None
     for line in text.splitlines():
         hierarchy, sep, rest = line.strip().partition(":")
         controllers, sep2, path = rest.partition(":")
@@ -130,10 +159,13 @@ def parse_cgroup_file(text: str) -> CgroupIdentity:
             identity = parse_cgroup_path(path)
             if identity.pod_uid is not None:
                 return identity
+            unit = systemd_unit(path) or unit
         else:
             v1_paths.append(path)
+            if unit is None and controllers == "name=systemd":
+                unit = systemd_unit(path)
     for path in v1_paths:
         identity = parse_cgroup_path(path)
         if identity.pod_uid is not None:
             return identity
-    return NO_IDENTITY
+    return NO_IDENTITY if unit is None else CgroupIdentity(None, None, None, None, unit)

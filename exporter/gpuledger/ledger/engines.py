@@ -15,13 +15,20 @@ from dataclasses import dataclass, field, replace
 
 from gpuledger.engines import BY_NAME, EngineProcess, is_engine_title, parse_engine_title
 from gpuledger.engines.kinds import ENGINE_CORE, PIPELINE_PARALLEL_SIZE, TENSOR_PARALLEL_SIZE
+from gpuledger.identity.hostworkload import host_engine_workload
 from gpuledger.identity.processes import ancestors
 from gpuledger.identity.urls import safe_url
 from gpuledger.ledger import caps
 from gpuledger.ledger.binding import Binding, SocketsRead, bind_target
 from gpuledger.ledger.rayengines import EngineRay
 from gpuledger.model import frozen_map
-from gpuledger.model.engines import NOT_AN_ENGINE, EngineMetrics, EngineScrape, EnginesSnapshot
+from gpuledger.model.engines import (
+    NOT_AN_ENGINE,
+    EngineMetrics,
+    EngineScrape,
+    EnginesSnapshot,
+    EngineTarget,
+)
 from gpuledger.model.procfs import ProcessInfo, ProcessSockets
 
 
@@ -224,6 +231,22 @@ def known_kinds(engines: Sequence[Engine]) -> Mapping[str, str]:
     return {e.url: e.kind for e in engines if e.kind}
 
 
+def known_workloads(engines: Sequence[Engine]) -> Mapping[str, str]:
+    """Target URL -> the workload of its engine in no pod, from a previous ledger."""
+    return {e.url: e.workload for e in engines if not e.pod_uid and e.workload}
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the previous ledger knew of each target URL (known_engine_ids, known_kinds,
+    known_workloads), and this node's name (a loopback target's workload names it)."""
+
+    ids: Mapping[str, Sequence[tuple[str, str]]] = field(default_factory=frozen_map)
+    kinds: Mapping[str, str] = field(default_factory=frozen_map)
+    workloads: Mapping[str, str] = field(default_factory=frozen_map)
+    node: str = ""
+
+
 def build_engines(
     snapshot: EnginesSnapshot | None,
     procs: Mapping[int, ProcessInfo],
@@ -232,23 +255,30 @@ def build_engines(
     sockets: Mapping[int, ProcessSockets] | None = None,
     *,
     known_kinds: Mapping[str, str] | None = None,
+    known_workloads: Mapping[str, str] | None = None,
+    node: str = "",
 ) -> tuple[Engine, ...]:
     """Engines from this cycle's scrapes.
 
     `known` maps a target URL to the (model_name, engine) pairs it served before, so a
     target that stops answering keeps its series with up=0 instead of vanishing.
     `sockets` are the API servers' listening sockets (ProcSnapshot.sockets);
-    `known_kinds` each target URL's engine kind before (known_kinds()).
+    `known_kinds` each target URL's engine kind before (known_kinds()), and
+    `known_workloads` the workload of each engine in no pod before (known_workloads()).
+    `node` names a loopback target's workload (identity/hostworkload.py).
     """
     if snapshot is None:
         return ()
     groups = group_engine_processes(procs)
+    before = Known(known, known_kinds or {}, known_workloads or {}, node)
     engines: list[Engine] = []
     for scrape in snapshot.scrapes:
         if not scrape.up and scrape.error_reason == NOT_AN_ENGINE:
             continue  # only a candidate (prometheus.io annotation), not an engine
-        kind = scrape.kind or (known_kinds or {}).get(safe_url(scrape.target.url), "")
-        engines.extend(_engines_of(scrape, groups, gpu_by_pid, known, sockets or {}, kind=kind))
+        kind = scrape.kind or before.kinds.get(safe_url(scrape.target.url), "")
+        engines.extend(
+            _engines_of(scrape, groups, gpu_by_pid, before, procs, sockets or {}, kind=kind)
+        )
     return tuple(engines)
 
 
@@ -290,11 +320,28 @@ def cap_engines(
     return tuple(trimmed), (*repeated, *surplus), tuple(gpu_rows)
 
 
+def _workload(
+    target: EngineTarget,
+    server: _Server | None,
+    procs: Mapping[int, ProcessInfo],
+    before: Known,
+) -> str:
+    """The pod's workload; for an engine in no pod, its API server's systemd unit, else
+    the workload it had, else its target (identity rule 7, identity/hostworkload.py)."""
+    if target.pod_uid:
+        return target.workload
+    info = procs.get(server.pid) if server is not None else None
+    unit = info.cgroup.unit if info is not None else None
+    url = safe_url(target.url)
+    return host_engine_workload(unit, before.workloads.get(url), target.endpoint, before.node)
+
+
 def _engines_of(
     scrape: EngineScrape,
     groups: Mapping[str, _ProcessGroup],
     gpu_by_pid: Mapping[int, Sequence[str]],
-    known: Mapping[str, Sequence[tuple[str, str]]],
+    before: Known,
+    procs: Mapping[int, ProcessInfo],
     sockets: Mapping[int, ProcessSockets],
     *,
     kind: str,
@@ -304,6 +351,7 @@ def _engines_of(
     group = groups.get(target.pod_uid)
     bound = bind_target(target.endpoint, group.api_servers if group else (), sockets)
     server = group.servers.get(bound.api_server or 0) if group is not None else None
+    workload = _workload(target, server, procs, before)
 
     def engine(model: str, rank: str, metrics: EngineMetrics | None) -> Engine:
         rank_int = int(rank) if rank.isdigit() else 0
@@ -317,7 +365,7 @@ def _engines_of(
             namespace=target.namespace,
             pod=target.pod,
             pod_uid=target.pod_uid,
-            workload=target.workload,
+            workload=workload,
             model_name=model,
             engine=rank,
             up=scrape.up,
@@ -337,5 +385,5 @@ def _engines_of(
 
     if scrape.up:
         return [engine(m.model_name, m.engine, m) for m in scrape.engines]
-    previous = known.get(url) or [("", "")]
+    previous = before.ids.get(url) or [("", "")]
     return [engine(model, rank, None) for model, rank in previous]

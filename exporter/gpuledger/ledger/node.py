@@ -22,6 +22,7 @@ from gpuledger.ledger.engines import (
     cap_engines,
     known_engine_ids,
     known_kinds,
+    known_workloads,
 )
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
@@ -580,6 +581,7 @@ def build_ledger(
         memory_by_pid,
         allocations if podresources is not None and pods is not None else None,
         node_mode=node_mode,
+        node=node,
     )
     ledger = Ledger(
         node=node,
@@ -680,6 +682,7 @@ def _serving_layers(
     allocations: tuple[Allocation, ...] | None,
     *,
     node_mode: bool,
+    node: str,
 ) -> _ServingLayers:
     nvml = snapshots.get(NVML)
     procs = snapshots.get(PROCESSES)
@@ -693,7 +696,7 @@ def _serving_layers(
         allocations,
     )
     engines, engines_over, engine_gpus_over = _joined_engines(
-        snapshots.get(ENGINES), procs, gpu_by_pid, previous, ray_local
+        snapshots.get(ENGINES), procs, gpu_by_pid, previous, ray_local, node
     )
     topology = Topology.of(nvml.gpus if nvml else (), nvml.links if nvml else ())
     engines, engines_over = with_links(engines, topology), with_links(engines_over, topology)
@@ -797,6 +800,7 @@ def _joined_engines(
     gpu_by_pid: Mapping[int, list[str]],
     previous: Ledger | None,
     ray_local: Sequence[LocalRayNode] | None,
+    node: str,
 ) -> tuple[tuple[Engine, ...], tuple[Engine, ...], tuple[Engine, ...]]:
     """The engines with their processes, GPUs and Ray jobs, cut to the cap: (kept, cut,
     kept engines' GPU rows past the cap)."""
@@ -810,6 +814,10 @@ def _joined_engines(
                 known_engine_ids(previous.engines) if previous is not None else {},
                 procs.sockets if procs is not None else None,
                 known_kinds=known_kinds(previous.engines) if previous is not None else None,
+                known_workloads=(
+                    known_workloads(previous.engines) if previous is not None else None
+                ),
+                node=node,
             ),
             ray_local,
             process_table,

@@ -18,6 +18,9 @@ class CgroupIdentity:
     container_id: str | None  # bare 64-hex id, runtime prefix removed
     runtime: str | None  # "containerd" | "cri-o" | "docker" | None
     qos: str | None  # "guaranteed" | "burstable" | "besteffort" | None
+    # A process in no pod: the systemd service unit it runs in (`vllm-a.service`), the
+    # stable name of a bare-host workload (docs/design.md, identity rule 7); else None.
+    unit: str | None = None
 
 
 NO_IDENTITY = CgroupIdentity(None, None, None, None)

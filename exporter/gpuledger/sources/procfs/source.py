@@ -1,8 +1,12 @@
 """procfs source: cgroup, parentage, title and whitelisted environment of GPU processes.
 
-Reads `<proc-root>/<pid>/…` for the PIDs NVML reports and their ancestors. A process
-that exits between two reads, or a file we may not read, is a normal event: that
-process is skipped (or kept without the unreadable part), never an error.
+Reads `<proc-root>/<pid>/…` for the PIDs NVML reports and their ancestors, and, while
+engines are scraped, every engine-retitled process and its ancestors: an engine's API
+server holds no GPU and may have no GPU process below it (on the Ray executor the
+workers are the raylet's children, identity rule 9), yet its flags are the engine's
+configuration and its socket names its target (identity rule 6). A process that exits
+between two reads, or a file we may not read, is a normal event: that process is
+skipped (or kept without the unreadable part), never an error.
 
 Secrets: `environ` and `cmdline` hold tokens. Values are parsed in memory and only the
 names in ALLOWED_ENV / ALLOWED_FLAGS are kept; nothing else leaves this module.
@@ -16,9 +20,10 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpuledger.engines import KINDS, flag_whitelist, is_engine_title
+from gpuledger.engines import KINDS, TITLE_PREFIXES, flag_whitelist, is_engine_title
 from gpuledger.identity.cgroup import NO_IDENTITY, parse_cgroup_file
 from gpuledger.model import Snapshots, frozen_map
+from gpuledger.model.engines import ENGINES
 from gpuledger.model.nvml import NVML
 from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
 from gpuledger.sources.base import Source, SourceError
@@ -44,6 +49,14 @@ _TITLE_LIMIT = 128
 
 
 _CHUNK = 16 * 1024
+
+# The engine scan (ProcfsSource.engine_pids): /proc entries looked at, engine processes
+# kept (256 engines, each an EngineCore and up to 7 Workers), and the bytes of each
+# cmdline read, far more than any engine title.
+MAX_SCANNED = 65_536
+MAX_ENGINE_PROCESSES = 2_048
+_TITLE_HEAD = 256
+_TITLE_BYTES = tuple(p.encode() for p in TITLE_PREFIXES)
 
 
 def _read(path: str, limit: int) -> bytes | None:
@@ -132,28 +145,40 @@ def parse_environ(raw: bytes) -> dict[str, str]:
 
 
 class ProcfsSource(Source[ProcSnapshot]):
-    """The GPU processes NVML reports, and their ancestors."""
+    """The GPU processes NVML reports, the engine processes while engines are scraped,
+    and their ancestors."""
 
     key = PROCESSES
-    needs = (NVML,)
+    # The engines' scrapes: only while there are targets are engine processes looked for.
+    needs = (NVML, ENGINES)
 
     def __init__(self, proc_root: str = "/proc", socket_seconds: float = 1.0) -> None:
         self.root = Path(proc_root)
         self._root = str(self.root)
-        # The API servers' listening sockets get this long, inside the source's deadline.
+        # The API servers' listening sockets get this long, inside the source's deadline,
+        # and so does the engine scan.
         self.socket_seconds = socket_seconds
 
     def fetch(self, inputs: Snapshots) -> ProcSnapshot:
         nvml = inputs.get(NVML)
-        return self.read(nvml.pids() if nvml is not None else ())
+        engines = inputs.get(ENGINES)
+        return self.read(
+            nvml.pids() if nvml is not None else (),
+            engines=engines is not None and bool(engines.scrapes),
+        )
 
-    def read(self, pids: Iterable[int]) -> ProcSnapshot:
+    def read(self, pids: Iterable[int], *, engines: bool = False) -> ProcSnapshot:
+        """The processes `pids` and their ancestors; with `engines`, also every engine
+        process (engine_pids) and its ancestors, its API server among them."""
         if not self.root.is_dir():
             raise SourceError("proc_root_missing", f"proc root {str(self.root)!r} does not exist")
         found: dict[int, ProcessInfo] = {}
         wanted = sorted(set(pids))
         for pid in wanted:
             self._walk_up(pid, found)
+        if engines:
+            for pid in self.engine_pids(time.monotonic() + self.socket_seconds):
+                self._walk_up(pid, found)
         if wanted and not any(pid in found for pid in wanted):
             # Not one GPU process is visible: the proc root is not the host's (no hostPID,
             # or hidepid). Say so rather than report every GPU as holding nobody's memory.
@@ -166,6 +191,28 @@ class ProcfsSource(Source[ProcSnapshot]):
         deadline = time.monotonic() + self.socket_seconds
         sockets = read_sockets(self._root, api_servers(found), deadline)
         return ProcSnapshot(processes=frozen_map(found), sockets=frozen_map(sockets))
+
+    def engine_pids(self, deadline: float) -> list[int]:
+        """PIDs whose title an engine kind set (`VLLM::EngineCore`, ...): at most
+        MAX_ENGINE_PROCESSES of the first MAX_SCANNED /proc entries, read by `deadline`.
+        Only the head of each cmdline is read, readable without SYS_PTRACE."""
+        found: list[int] = []
+        try:
+            with os.scandir(self._root) as entries:
+                for count, entry in enumerate(entries):
+                    if count >= MAX_SCANNED or len(found) >= MAX_ENGINE_PROCESSES:
+                        break
+                    if count % 256 == 0 and time.monotonic() >= deadline:
+                        log.debug("engine scan: deadline after %d /proc entries", count)
+                        break
+                    if not entry.name.isdigit():
+                        continue
+                    head = _read(f"{self._root}/{entry.name}/cmdline", _TITLE_HEAD)
+                    if head and head.startswith(_TITLE_BYTES) and is_engine_title(parse_title(head)):
+                        found.append(int(entry.name))
+        except OSError:  # the proc root went away mid-scan: what was found stands
+            pass
+        return found
 
     def _walk_up(self, pid: int, found: dict[int, ProcessInfo]) -> None:
         current: int | None = pid
