@@ -6,11 +6,15 @@ namespace is empty (as Ray's outside Kubernetes, `--ray-workload`), and its work
 in this order:
 
 1. the systemd service unit its API server runs in (`vllm-a.service`, from its cgroup,
-   identity/cgroup.py): what the operator named, stable across restarts;
+   identity/cgroup.py), where that server holds the target's socket: what the operator
+   named, stable across restarts;
 2. the workload it had in the previous cycle: an engine that stops answering, or whose
    API server is gone, keeps its workload (its series go to up=0 and it is `starting`,
    not a new workload);
-3. its target (`host:port[/path]`), a loopback or any-address host replaced by the node's
+3. the unit of the host's only API server where the sockets did not tie the target to
+   it (identity rule 6's old rule, `only_api_server`: a proxy in front, or a stopped
+   engine next to a running one, which must not take its sibling's name);
+4. its target (`host:port[/path]`), a loopback or any-address host replaced by the node's
    name: `127.0.0.1:8000` on two hosts are two engines, not one workload.
 """
 
@@ -40,7 +44,9 @@ def target_workload(endpoint: str, node: str) -> str:
     return f"{node}:{port}{slash}{path}"
 
 
-def host_engine_workload(unit: str | None, previous: str | None, endpoint: str, node: str) -> str:
-    """The workload of an engine in no pod: its API server's unit, else its previous
-    workload, else its target (see the module docstring)."""
-    return unit or previous or target_workload(endpoint, node)
+def host_engine_workload(
+    unit: str | None, previous: str | None, endpoint: str, node: str, *, by_socket: bool
+) -> str:
+    """The workload of an engine in no pod (see the module docstring): `unit` is its API
+    server's, `by_socket` whether that server holds the target's socket."""
+    return (unit if by_socket else None) or previous or unit or target_workload(endpoint, node)

@@ -19,7 +19,7 @@ from gpuledger.identity.hostworkload import host_engine_workload
 from gpuledger.identity.processes import ancestors
 from gpuledger.identity.urls import safe_url
 from gpuledger.ledger import caps
-from gpuledger.ledger.binding import Binding, SocketsRead, bind_target
+from gpuledger.ledger.binding import Binding, SocketsRead, TargetBinding, bind_target
 from gpuledger.ledger.rayengines import EngineRay
 from gpuledger.model import frozen_map
 from gpuledger.model.engines import (
@@ -322,7 +322,7 @@ def cap_engines(
 
 def _workload(
     target: EngineTarget,
-    server: _Server | None,
+    bound: TargetBinding,
     procs: Mapping[int, ProcessInfo],
     before: Known,
 ) -> str:
@@ -330,10 +330,14 @@ def _workload(
     the workload it had, else its target (identity rule 7, identity/hostworkload.py)."""
     if target.pod_uid:
         return target.workload
-    info = procs.get(server.pid) if server is not None else None
-    unit = info.cgroup.unit if info is not None else None
-    url = safe_url(target.url)
-    return host_engine_workload(unit, before.workloads.get(url), target.endpoint, before.node)
+    info = procs.get(bound.api_server) if bound.api_server is not None else None
+    return host_engine_workload(
+        info.cgroup.unit if info is not None else None,
+        before.workloads.get(safe_url(target.url)),
+        target.endpoint,
+        before.node,
+        by_socket=bound.binding == "socket",
+    )
 
 
 def _engines_of(
@@ -351,7 +355,7 @@ def _engines_of(
     group = groups.get(target.pod_uid)
     bound = bind_target(target.endpoint, group.api_servers if group else (), sockets)
     server = group.servers.get(bound.api_server or 0) if group is not None else None
-    workload = _workload(target, server, procs, before)
+    workload = _workload(target, bound, procs, before)
 
     def engine(model: str, rank: str, metrics: EngineMetrics | None) -> Engine:
         rank_int = int(rank) if rank.isdigit() else 0

@@ -205,7 +205,8 @@ def _workload_rows(doc: LedgerDocument) -> list[str]:
         step = verdict.next_step
         rows.append(
             "<tr>"
-            f"<td>{_e(ns)}/{_e(name)}</td>"
+            # A bare host's workload has no namespace (identity rule 7): its name alone.
+            f"<td>{_e(ns) + '/' if ns else ''}{_e(name)}</td>"
             f"<td>{'<br>'.join(_e(name) for name in _pod_names(g))}</td>"
             f"<td class=stage>{_e(verdict.stage)}{reason}</td>"
             f"<td>{len(up)}/{len(g.engines)}"
