@@ -11,6 +11,7 @@ from gpuledger.identity.cgroup import (
     CgroupIdentity,
     parse_cgroup_file,
     parse_cgroup_path,
+    systemd_unit,
 )
 
 UID = "0b9a8c3e-1f2d-4e5a-8b6c-7d8e9f0a1b2c"
@@ -262,7 +263,17 @@ FILE_CASES: list[tuple[str, str, CgroupIdentity]] = [
         f"4:cpu:/kubepods/besteffort/pod{UID}/{'a' * 64}\n",
         CgroupIdentity(UID, CID, None, "burstable"),
     ),
-    ("host containerd", "0::/system.slice/containerd.service\n", NO_IDENTITY),
+    # In no pod: the systemd service unit, a bare host's workload (identity rule 7).
+    (
+        "host containerd",
+        "0::/system.slice/containerd.service\n",
+        CgroupIdentity(None, None, None, None, "containerd.service"),
+    ),
+    (
+        "host unit, cgroup v1",
+        "12:pids:/system.slice/vllm-b.service\n1:name=systemd:/system.slice/vllm-b.service\n0::/\n",
+        CgroupIdentity(None, None, None, None, "vllm-b.service"),
+    ),
     ("host session", "0::/user.slice/user-1000.slice/session-2.scope\n", NO_IDENTITY),
     ("cgroupns root", "0::/\n", NO_IDENTITY),
     (
@@ -358,3 +369,23 @@ def test_composed_ids_parse_back(
         line = line.replace(uid, uid.upper()).replace(cid, cid.upper())
         line = line.replace(uid.replace("-", "_"), uid.replace("-", "_").upper())
     assert parse_cgroup_file(line + "\n") == CgroupIdentity(uid, cid, runtime, qos)
+
+
+@pytest.mark.parametrize(
+    ("path", "unit"),
+    [
+        ("/system.slice/vllm-a.service", "vllm-a.service"),
+        ("/system.slice/vllm@llama.service", "vllm@llama.service"),
+        # A Delegate=yes service's own sub-cgroup is still that service's.
+        ("/system.slice/vllm-a.service/payload", "vllm-a.service"),
+        ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service", "vllm.service"),
+        # The user's service manager holds every app of that user: no one workload.
+        ("/user.slice/user-1000.slice/user@1000.service/app.slice/app-tmux-1.scope", None),
+        ("/user.slice/user-1000.slice/session-3.scope", None),
+        (f"/system.slice/docker-{'a' * 64}.scope", None),
+        ("/system.slice/vllm-a.service (deleted)", "vllm-a.service"),
+        ("/", None),
+    ],
+)
+def test_systemd_unit(path: str, unit: str | None) -> None:
+    assert systemd_unit(path) == unit

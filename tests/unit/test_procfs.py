@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -111,3 +113,41 @@ def test_parent_loop_terminates(tmp_path: Path) -> None:
     _proc(tmp_path, 5, 6)
     _proc(tmp_path, 6, 5)
     assert set(ProcfsSource(str(tmp_path)).read([5]).processes) == {5, 6}
+
+
+def _ray_executor_host(root: Path) -> None:
+    """A Ray-executor engine's processes as the vLLM 0.32 capture shows them
+    (tests/fixtures/ray/vllm-0.32-ray/processes.json): the API server and its EngineCore
+    hold no GPU; the GPU worker is the raylet's child."""
+    _proc(root, 6913, 1, cmdline=b"python\0-m\0vllm.entrypoints.openai.api_server\0-tp\0002\0")
+    _proc(root, 7137, 6913, cmdline=b"VLLM::EngineCore" + b"\0" * 125)
+    _proc(root, 6641, 1, cmdline=b"raylet\0")
+    _proc(root, 7438, 6641, cmdline=b"ray::RayWorkerProc.run" + b"\0" * 100)
+    _proc(root, 500, 1, cmdline=b"sshd\0")
+
+
+def test_engine_processes_and_their_api_servers_are_read_while_engines_are_scraped(
+    tmp_path: Path,
+) -> None:
+    _ray_executor_host(tmp_path)
+    source = ProcfsSource(str(tmp_path))
+    # NVML lists the worker only: without engines, its ancestors are all there is.
+    assert set(source.read([7438]).processes) == {7438, 6641}
+    snap = source.read([7438], engines=True)
+    assert set(snap.processes) == {7438, 6641, 7137, 6913}
+    assert snap.processes[6913].flags["tensor_parallel_size"] == "2"
+    assert 6913 in snap.sockets  # the API server's sockets are read: it is one now
+    # NVML down or listing nothing: the engine's own tree is still read.
+    assert set(source.read([], engines=True).processes) == {7137, 6913}
+
+
+def test_the_engine_scan_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuledger.sources.procfs import source as procfs
+
+    _ray_executor_host(tmp_path)
+    for pid in range(8000, 8010):
+        _proc(tmp_path, pid, 6913, cmdline=b"VLLM::EngineCore_DP1\0")
+    monkeypatch.setattr(procfs, "MAX_ENGINE_PROCESSES", 3)
+    assert len(ProcfsSource(str(tmp_path)).engine_pids(time.monotonic() + 5)) == 3
+    # Past its deadline the scan stops at once, with what it found.
+    assert ProcfsSource(str(tmp_path)).engine_pids(time.monotonic() - 1) == []

@@ -277,7 +277,9 @@ def build_engines(
             continue  # only a candidate (prometheus.io annotation), not an engine
         kind = scrape.kind or before.kinds.get(safe_url(scrape.target.url), "")
         engines.extend(
-            _engines_of(scrape, groups, gpu_by_pid, before, procs, sockets or {}, kind=kind)
+            _engines_of(
+                scrape, groups, gpu_by_pid, before, procs=procs, sockets=sockets or {}, kind=kind
+            )
         )
     return tuple(engines)
 
@@ -345,9 +347,9 @@ def _engines_of(
     groups: Mapping[str, _ProcessGroup],
     gpu_by_pid: Mapping[int, Sequence[str]],
     before: Known,
+    *,
     procs: Mapping[int, ProcessInfo],
     sockets: Mapping[int, ProcessSockets],
-    *,
     kind: str,
 ) -> list[Engine]:
     target = scrape.target

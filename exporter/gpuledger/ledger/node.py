@@ -696,7 +696,7 @@ def _serving_layers(
         allocations,
     )
     engines, engines_over, engine_gpus_over = _joined_engines(
-        snapshots.get(ENGINES), procs, gpu_by_pid, previous, ray_local, node
+        snapshots.get(ENGINES), procs, gpu_by_pid, previous, ray_local, node=node
     )
     topology = Topology.of(nvml.gpus if nvml else (), nvml.links if nvml else ())
     engines, engines_over = with_links(engines, topology), with_links(engines_over, topology)
@@ -800,6 +800,7 @@ def _joined_engines(
     gpu_by_pid: Mapping[int, list[str]],
     previous: Ledger | None,
     ray_local: Sequence[LocalRayNode] | None,
+    *,
     node: str,
 ) -> tuple[tuple[Engine, ...], tuple[Engine, ...], tuple[Engine, ...]]:
     """The engines with their processes, GPUs and Ray jobs, cut to the cap: (kept, cut,

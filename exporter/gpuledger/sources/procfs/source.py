@@ -208,7 +208,11 @@ class ProcfsSource(Source[ProcSnapshot]):
                     if not entry.name.isdigit():
                         continue
                     head = _read(f"{self._root}/{entry.name}/cmdline", _TITLE_HEAD)
-                    if head and head.startswith(_TITLE_BYTES) and is_engine_title(parse_title(head)):
+                    if (
+                        head
+                        and head.startswith(_TITLE_BYTES)
+                        and is_engine_title(parse_title(head))
+                    ):
                         found.append(int(entry.name))
         except OSError:  # the proc root went away mid-scan: what was found stands
             pass
