@@ -500,10 +500,16 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--pod", metavar="NS/NAME", help="a pod: its chain and verdict")
     what.add_argument("--gpu", metavar="UUID", help="a GPU UUID or an unambiguous prefix")
     what.add_argument(
-        "--workload", metavar="NS/NAME", help="a workload (Deployment, RayCluster, …): all its pods"
+        "--workload",
+        metavar="NS/NAME",
+        help="a workload (Deployment, RayCluster, …): all its pods; NAME alone: a bare "
+        "host's (its engine's systemd unit)",
     )
     what.add_argument(
-        "--engine", metavar="NS/POD[:RANK]|MODEL", help="a vLLM engine, by pod and DP rank or model"
+        "--engine",
+        metavar="NS/POD[:RANK]|MODEL|TARGET",
+        help="a vLLM engine: by pod and DP rank, model (with or without its org/), "
+        "target HOST:PORT, or a bare host's workload (its systemd unit)",
     )
     ex.add_argument(
         "--output", choices=["text", "json"], default="text", help="text for people, json for tools"

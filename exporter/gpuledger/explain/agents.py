@@ -343,6 +343,8 @@ def query_nodes(
     if pod is not None:
         ns, _, name = pod.partition("/")
         return _nodes(_pods_named(lister, ns, name))
+    if workload is not None and "/" not in workload:
+        return None  # a workload in no namespace (a bare host's engine): not a pod's
     if workload is not None:
         ns, _, name = workload.partition("/")
         return _nodes(p for p in lister.list_pods(namespace=ns) if _workload(p) == name)
