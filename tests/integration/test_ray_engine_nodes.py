@@ -58,6 +58,12 @@ def test_engine_a_holds_4_gpus_on_2_nodes_against_tp_4(tmp_path: Path) -> None:
     identity = {k: job[1][k] for k in ("ray_job_id", "ray_driver_node_id")}
     assert identity["ray_job_id"] == "01000000"
     assert value(a, "gpuledger_engine_gpus", **ENGINE, state="configured") == 4
+    # TP 4 from the API server's flags, though it holds no GPU and no GPU process
+    # descends from it (the workers are the raylet's children): procfs reads it as the
+    # EngineCore's parent.
+    (config,) = pick(a, "gpuledger_engine_config_info", **ENGINE)
+    assert config[1]["tensor_parallel_size"] == "4"
+    assert (doc_a.engines[0].api_server_pid, doc_a.engines[0].pids) == (1050, (1050, 1051))
     assert value(a, "gpuledger_engine_ray_workers", **ENGINE, state="ALIVE") == 4
     assert not pick(a, "gpuledger_engine_gpus", **ENGINE, state="in_use")
     # Each node agent reports the workers on its node under the same identity.
@@ -82,8 +88,10 @@ def test_engine_a_holds_4_gpus_on_2_nodes_against_tp_4(tmp_path: Path) -> None:
         line = next(x for x in text.splitlines() if f"worker TP{rank} " in x)
         assert f"on gpu-node-{node}" in line and "holds GPU-" in line
     assert (
-        "GPUs in use by its workers: 4 on 2 node(s) (gpu-node-a, gpu-node-b), configured 4" in text
+        "GPUs in use by its workers: 4 on 2 node(s) (gpu-node-a, gpu-node-b), configured 4 "
+        "(TP x PP)" in text
     )
+    assert "TP 4 x PP 1" in text
     assert "parallelism mismatch" not in text
 
 
