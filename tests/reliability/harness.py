@@ -45,6 +45,11 @@ def _steady(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     # address part still tells engines apart, the port would make two nodes' series differ.
     if "target" in labels:
         labels = {**labels, "target": labels["target"].rsplit(":", 1)[0] + ":PORT"}
+        # An engine in no pod without a systemd unit is the workload `<node>:<port>`
+        # (docs/design.md, identity rule 7): the same port.
+        host, sep, port = labels.get("workload", "").rpartition(":")
+        if not labels.get("pod_uid") and sep and port.isdigit():
+            labels = {**labels, "workload": f"{host}:PORT"}
     return tuple(sorted(labels.items()))
 
 
