@@ -210,6 +210,7 @@ def measure_cycles(
     load (it is shared) affects both alike: the last cycle, its render, and the figures."""
     walls, cpus, renders, floor_walls, floor_cpus = [], [], [], [], []
     per_source: dict[str, list[float]] = {}
+    per_source_cpu: dict[str, list[float]] = {}
     for _ in range(cycles):
         w0, c0 = time.perf_counter(), time.process_time()
         published = exporter.run_once()
@@ -217,6 +218,7 @@ def measure_cycles(
         cpus.append(time.process_time() - c0)
         for s in published.ledger.sources:
             per_source.setdefault(s.source, []).append(s.duration_seconds)
+            per_source_cpu.setdefault(s.source, []).append(s.cpu_seconds)
         r0 = time.perf_counter()
         body, _ = exporter.render(None)
         renders.append(time.perf_counter() - r0)
@@ -246,6 +248,12 @@ def measure_cycles(
             "ratio_median_of_pairs": med(c / f for c, f in zip(cpus, floor_cpus, strict=True)),
             "render_ms": med(renders) * 1e3,
             "sources_ms": {k: med(v) * 1e3 for k, v in per_source.items()},
+            # The thread CPU of each source (gpuledger_source_cpu_seconds_total per cycle);
+            # the rest of the cycle's CPU is the join, the render and the document.
+            "sources_cpu_ms": {k: med(v) * 1e3 for k, v in per_source_cpu.items()},
+            "sources_cpu_p25_p75_ms": {
+                k: [q * 1e3 for q in quartiles(v)] for k, v in per_source_cpu.items()
+            },
         },
     )
 
@@ -287,29 +295,73 @@ def run(scale: int, cycles: int, scrapes_wanted: int) -> dict[str, Any]:
     }
 
 
+# Issue 22's budgets: millicores at the 10 s interval, by scale.
+BUDGETS_MILLICORES = {1: 4.0, 16: 15.0}
+
+
+def print_run(r: dict[str, Any]) -> None:
+    print(json.dumps(r))
+    print(
+        f"scale {r['scale']:>2}: {r['processes']} procs, {r['pods']} GPU pods, "
+        f"{r['series']} series | cycle wall {r['wall_ms']:.1f} ms cpu {r['cpu_ms']:.1f} ms"
+        f" | floor wall {r['floor_wall_ms']:.1f} ms cpu {r['floor_cpu_ms']:.1f} ms"
+        f" | ratio cpu {r['cpu_ms'] / r['floor_cpu_ms']:.2f}"
+        f" (median of pairs {r['ratio_median_of_pairs']:.2f})"
+        f" | {r['millicores_at_10s']:.1f} millicores at 10 s"
+        f" ({r['millicores_above_floor_at_10s']:.1f} above the floor)"
+        f" | scrape p99 {r['scrape_idle_p99_ms']:.1f} ms idle,"
+        f" {r['scrape_busy_p99_ms']:.1f} ms during a cycle"
+        f" | render {r['render_ms']:.1f} ms | RSS {r['rss_mb']:.0f} MB"
+        f" | down: {r['down'] or 'none'}",
+        flush=True,
+    )
+    cpu, wall = r["sources_cpu_ms"], r["sources_ms"]
+    print(
+        "  per source, CPU ms a cycle (wall ms): "
+        + ", ".join(f"{k} {cpu[k]:.2f} ({wall[k]:.0f})" for k in cpu)
+        + f"; the rest (join, render, document, loop) {r['cpu_ms'] - sum(cpu.values()):.2f}",
+        flush=True,
+    )
+
+
+def verdict(runs: list[dict[str, Any]]) -> bool:
+    """Each budgeted scale's runs against its budget; True when every one is met."""
+    met = True
+    for scale, budget in BUDGETS_MILLICORES.items():
+        figures = [r["millicores_at_10s"] for r in runs if r["scale"] == scale]
+        down = sorted({d for r in runs if r["scale"] == scale for d in r["down"]})
+        if not figures:
+            continue
+        ok = max(figures) <= budget and not down
+        met = met and ok
+        print(
+            f"budget {scale}x: {' · '.join(f'{f:.1f}' for f in figures)} millicores at 10 s"
+            f" (budget {budget:g}){f', down: {down}' if down else ''}:"
+            f" {'met' if ok else 'NOT MET'}",
+            flush=True,
+        )
+    load = os.getloadavg()
+    print(
+        f"load average during the runs: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+        f" on {os.cpu_count()} CPUs (budgets hold only on a quiet machine)",
+        flush=True,
+    )
+    return met
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scale", type=int, nargs="+", default=[1])
     parser.add_argument("--cycles", type=int, default=30)
     parser.add_argument("--scrapes", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=1, help="runs of each scale")
     args = parser.parse_args()
-    for scale in args.scale:
-        r = run(scale, args.cycles, args.scrapes)
-        print(json.dumps(r))
-        print(
-            f"scale {r['scale']:>2}: {r['processes']} procs, {r['pods']} GPU pods, "
-            f"{r['series']} series | cycle wall {r['wall_ms']:.1f} ms cpu {r['cpu_ms']:.1f} ms"
-            f" | floor wall {r['floor_wall_ms']:.1f} ms cpu {r['floor_cpu_ms']:.1f} ms"
-            f" | ratio cpu {r['cpu_ms'] / r['floor_cpu_ms']:.2f}"
-            f" (median of pairs {r['ratio_median_of_pairs']:.2f})"
-            f" | {r['millicores_at_10s']:.1f} millicores at 10 s"
-            f" ({r['millicores_above_floor_at_10s']:.1f} above the floor)"
-            f" | scrape p99 {r['scrape_idle_p99_ms']:.1f} ms idle,"
-            f" {r['scrape_busy_p99_ms']:.1f} ms during a cycle"
-            f" | render {r['render_ms']:.1f} ms | RSS {r['rss_mb']:.0f} MB"
-            f" | down: {r['down'] or 'none'}",
-            flush=True,
-        )
+    runs = []
+    for _ in range(args.runs):
+        for scale in args.scale:
+            runs.append(run(scale, args.cycles, args.scrapes))
+            print_run(runs[-1])
+    sys.exit(0 if verdict(runs) else 1)
 
 
 if __name__ == "__main__":

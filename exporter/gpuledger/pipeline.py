@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuledger.export.collector import dropped_series
@@ -203,6 +203,7 @@ class Pipeline:
         self._dropped: Counter[str] = Counter()
         self._last_success: dict[str, float] = {}
         self._last_reason: dict[str, str | None] = {}
+        self._cpu_seen: dict[str, float] = {}  # each source's CpuMeter total, last cycle
         self._lock = threading.Lock()
 
     def warm_up(self, timeout_seconds: float) -> None:
@@ -229,7 +230,7 @@ class Pipeline:
                 if value is not None:
                     values[source.key] = value
                 statuses[source.name] = status
-        ordered = [statuses[s.name] for s in self.sources]
+        ordered = [self._with_cpu(s, statuses[s.name]) for s in self.sources]
         snapshots = Snapshots(values, ordered)
         ledger = build_ledger(
             snapshots,
@@ -248,7 +249,16 @@ class Pipeline:
     def _start(self, source: Source[Any], inputs: Snapshots) -> Started[Any]:
         if isinstance(source, NotConfigured):
             return Started.disabled(source.name)
-        return self._runners[source.name].start(lambda: source.fetch(inputs))
+        meter = source.cpu
+        return self._runners[source.name].start(lambda: meter.run(lambda: source.fetch(inputs)))
+
+    def _with_cpu(self, source: Source[Any], status: SourceStatus) -> SourceStatus:
+        """The status with the CPU its source spent since the last cycle: this fetch, its
+        helpers, its background thread, and an abandoned fetch once it ends."""
+        total = source.cpu.total
+        spent = total - self._cpu_seen.get(source.name, 0.0)
+        self._cpu_seen[source.name] = total
+        return replace(status, cpu_seconds=spent)
 
     def _account(
         self,
@@ -286,6 +296,9 @@ class Pipeline:
                 last_success=dict(self._last_success),
                 simulated=self.config.simulated,
                 dropped_total=dict(self._dropped),
+                cpu_seconds_total={
+                    s.name: s.cpu.total for s in self.sources if not isinstance(s, NotConfigured)
+                },
             )
 
     def close(self) -> None:

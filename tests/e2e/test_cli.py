@@ -20,7 +20,8 @@ from tests.conftest import REPO, samples, value
 GOLDEN = REPO / "tests" / "golden" / "demo.prom"
 # Values that legitimately change from run to run.
 _VOLATILE = re.compile(
-    r"^(gpuledger_(source_duration_seconds|source_last_success_timestamp_seconds|"
+    r"^(gpuledger_(source_duration_seconds|source_cpu_seconds_total|"
+    r"source_last_success_timestamp_seconds|"
     r"snapshot_age_seconds)\{[^}]*\}) \S+$",
     re.M,
 )

@@ -81,6 +81,7 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_source_up",
         "gpuledger_source_state",
         "gpuledger_source_duration_seconds",
+        "gpuledger_source_cpu_seconds_total",
         "gpuledger_source_errors_total",
         "gpuledger_source_last_success_timestamp_seconds",
         "gpuledger_snapshot_age_seconds",

@@ -30,6 +30,7 @@ SELF_MONITORING = frozenset(
     {
         "gpuledger_source_up",
         "gpuledger_source_duration_seconds",
+        "gpuledger_source_cpu_seconds_total",
         "gpuledger_source_errors_total",
         "gpuledger_source_last_success_timestamp_seconds",
         "gpuledger_snapshot_age_seconds",

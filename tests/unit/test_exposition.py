@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuledger.export.exposition import render_text
+from gpuledger.export.exposition import FamilyRenderer, render_text
 from gpuledger.export.published import Published
 from gpuledger.web.server import Exporter
 
@@ -116,3 +116,26 @@ def test_families_render_in_the_order_given() -> None:
     names = ["z_last_alphabetically", "a_first", "m_middle"]
     text = render_text(GaugeMetricFamily(name, "doc", value=1) for name in names).decode()
     assert [f.name for f in text_string_to_metric_families(text)] == names
+
+
+def _families(values: dict[str, float]) -> list[GaugeMetricFamily]:
+    out = []
+    for name, value in values.items():
+        family = GaugeMetricFamily(name, f"help of {name}", labels=["node"])
+        family.add_metric(["n1"], value)
+        out.append(family)
+    return out
+
+
+def test_the_family_renderer_writes_what_generate_latest_writes_as_families_change() -> None:
+    """A kept family's text is reused; a changed, new or reordered one is rendered anew,
+    and a family gone from the snapshot is gone from the text."""
+    renderer = FamilyRenderer()
+    snapshots = [
+        {"a": 1.0, "b": 2.0, "c": 3.0},
+        {"a": 1.0, "b": 2.5, "c": 3.0},  # b changed
+        {"c": 3.0, "a": 1.0, "d": 4.0},  # b gone, d new, order changed
+        {"c": 3.0, "a": 1.0, "d": 4.0},  # nothing changed
+    ]
+    for values in snapshots:
+        assert renderer.render(_families(values)) == render_text(_families(values))

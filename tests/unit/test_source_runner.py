@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import threading
 import time
 import weakref
 
-from gpuledger.sources.base import SourceError, SourceRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuledger.export.collector import LedgerCollector
+from gpuledger.export.exposition import render_text
+from gpuledger.model import Key, Snapshots
+from gpuledger.pipeline import Pipeline, PipelineConfig
+from gpuledger.sources.base import Source, SourceError, SourceRunner
 
 
 def test_success() -> None:
@@ -82,3 +89,68 @@ def test_a_failed_fetch_frees_what_it_held_without_the_collector() -> None:
     finally:
         gc.enable()
         runner.close()
+
+
+# ------------------------------------------------------------- what each source costs
+
+
+def _spin(seconds: float) -> None:
+    """Burn `seconds` of this thread's CPU."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+class _Burner(Source[int]):
+    key = Key[int]("burner")
+
+    def fetch(self, inputs: Snapshots) -> int:
+        _spin(0.1)
+        return 1
+
+
+class _Sleeper(Source[int]):
+    key = Key[int]("sleeper")
+
+    def fetch(self, inputs: Snapshots) -> int:
+        time.sleep(0.1)
+        return 1
+
+
+class _Helpers(Source[int]):
+    """Does its work in helper threads, as the engine source scrapes."""
+
+    key = Key[int]("helpers")
+
+    def __init__(self) -> None:
+        self.pool = concurrent.futures.ThreadPoolExecutor(2)
+
+    def fetch(self, inputs: Snapshots) -> int:
+        jobs = [self.pool.submit(self.cpu.run, lambda: _spin(0.05)) for _ in range(2)]
+        return sum(1 for j in jobs if j.result() is None)
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def test_a_source_that_burns_cpu_shows_it_and_one_that_sleeps_does_not() -> None:
+    pipeline = Pipeline(PipelineConfig(node="n1"), sources=[_Burner(), _Sleeper(), _Helpers()])
+    try:
+        pipeline.cycle()
+        published = pipeline.cycle()
+    finally:
+        pipeline.close()
+    cpu = {s.source: s.cpu_seconds for s in published.ledger.sources}
+    assert 0.09 <= cpu["burner"] < 0.5  # this cycle's fetch, not the total
+    assert cpu["sleeper"] < 0.02
+    assert 0.09 <= cpu["helpers"] < 0.5  # the helper threads' CPU is the source's
+    text = render_text(LedgerCollector(lambda: (published, time.time())).families()).decode()
+    totals = {
+        labels["source"]: value
+        for family in text_string_to_metric_families(text)
+        for name, labels, value, *_ in family.samples
+        if name == "gpuledger_source_cpu_seconds_total"
+    }
+    assert totals.keys() == {"burner", "sleeper", "helpers"}
+    assert totals["burner"] >= 0.19 and totals["helpers"] >= 0.19  # two cycles
+    assert totals["sleeper"] < 0.04

@@ -100,10 +100,29 @@ def from_json(obj: object) -> LedgerDocument:
     return _decode_object(LedgerDocument, obj, "")
 
 
+# JSON's own values, returned as they are; checked first, since most values are these.
+_JSON_VALUES = frozenset({str, int, float, bool, type(None)})
+# Per type: its field names when it is a dataclass, else None (resolved once: to_json runs
+# over every value of a 10,000-row document each cycle).
+_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _names(cls: type) -> tuple[str, ...] | None:
+    names = _NAMES.get(cls, ())
+    if names == ():
+        dataclass = dataclasses.is_dataclass(cls)
+        names = _NAMES[cls] = tuple(f.name for f, _ in fields_of(cls)) if dataclass else None
+    return names
+
+
 def to_json(value: Any) -> Any:
     """A document (or any part of one) as JSON-ready dicts and lists, keys in field order."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f, _ in fields_of(type(value))}
+    cls = type(value)
+    if cls in _JSON_VALUES:
+        return value
+    names = _names(cls)
+    if names is not None:
+        return {name: to_json(getattr(value, name)) for name in names}
     if isinstance(value, tuple):
         return [to_json(v) for v in value]
     if isinstance(value, Mapping):

@@ -393,6 +393,9 @@ def self_families(published: Published, now: float) -> Iterator[Metric]:
         for name in SOURCE_STATES:
             state.add_metric([node, status.source, name], 1 if status.state == name else 0)
         duration.add_metric([node, status.source], status.duration_seconds)
+    cpu = _counter(F.SOURCE_CPU_SECONDS)
+    for source, seconds in sorted(published.cpu_seconds_total.items()):
+        cpu.add_metric([node, source], seconds)
     errors = _counter(F.SOURCE_ERRORS)
     for (source, reason), value in sorted(published.errors_total.items()):
         errors.add_metric([node, source, reason], value)
@@ -401,7 +404,7 @@ def self_families(published: Published, now: float) -> Iterator[Metric]:
         last.add_metric([node, source], when)
     build = _gauge(F.BUILD_INFO)
     build.add_metric([node, __version__, "true" if published.simulated else "false"], 1)
-    yield from (up, state, duration, errors, last, build)
+    yield from (up, state, duration, cpu, errors, last, build)
 
 
 def age_family(published: Published, now: float) -> Metric:

@@ -1138,6 +1138,27 @@ SOURCE_DURATION_SECONDS: Final = declare(
     meaning="Duration of the source's last fetch (bounded by `--source-deadline`).",
 )
 
+SOURCE_CPU_SECONDS: Final = declare(
+    "gpuledger_source_cpu_seconds_total",
+    COUNTER,
+    SELF,
+    help="CPU seconds the source's threads have spent since the exporter started.",
+    labels=("source",),
+    stability=STABLE,
+    rows="cpu_seconds_total",
+    budget=(
+        Budget(NODE, "7", "sources", 7),
+        Budget(CLUSTER, "2", "sources", 2),
+    ),
+    meaning=(
+        "CPU the source has cost since start: the thread time of its fetches in their runner"
+        " thread, plus the helper threads it runs for them (the engine scrapes) and its own"
+        " background thread (the pod informer's watch). Waiting on the network costs"
+        " nothing. `rate(...)` × 1000 is the source's millicores; the join and the render"
+        " are the collection loop's, no source's."
+    ),
+)
+
 SOURCE_ERRORS: Final = declare(
     "gpuledger_source_errors_total",
     COUNTER,

@@ -23,3 +23,5 @@ class Published:
     simulated: bool = False
     # Metric family -> series a cap kept out, summed over snapshots (dropped_series).
     dropped_total: Mapping[str, int] = field(default_factory=dict)
+    # Source -> CPU seconds its threads have spent since start (sources/base.py CpuMeter).
+    cpu_seconds_total: Mapping[str, float] = field(default_factory=dict)

@@ -33,6 +33,8 @@ class SourceStatus:
     error_reason: str | None = None
     # One line a person can act on. Never contains environment values or arguments.
     error_message: str | None = None
+    # CPU its threads spent since the previous cycle (sources/base.py CpuMeter).
+    cpu_seconds: float = 0.0
 
     @property
     def state(self) -> str:

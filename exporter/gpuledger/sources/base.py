@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 import time
 import traceback
 from abc import ABC, abstractmethod
@@ -19,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from gpuledger.model import NOT_CONFIGURED, Key, Snapshots, SourceStatus
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # Reason of a source that is not configured here: state `not_configured` (source_up 0),
 # never counted as an error.
@@ -53,6 +55,44 @@ def release(error: BaseException) -> None:
         current = current.__cause__ or current.__context__
 
 
+class CpuMeter:
+    """The CPU seconds one source has spent, so a regression names its source
+    (`gpuledger_source_cpu_seconds_total`): its fetches' thread time in the runner thread,
+    plus what it runs for them in helper threads (`run`: the engine scrapes) and in its own
+    long-lived thread (`tick`: the informer's watch). Thread time, so waiting on the
+    network costs nothing and other threads' work is not counted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spent = 0.0
+        self._last = threading.local()  # per thread: its thread_time at its last tick
+
+    def run(self, fn: Callable[[], R]) -> R:
+        """`fn()`, its CPU counted."""
+        start = time.thread_time()
+        try:
+            return fn()
+        finally:
+            self.add(time.thread_time() - start)
+
+    def tick(self) -> None:
+        """Count this thread's CPU since its previous tick (a thread that never ends)."""
+        now = time.thread_time()
+        last: float | None = getattr(self._last, "value", None)
+        self._last.value = now
+        if last is not None:
+            self.add(now - last)
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._spent += max(0.0, seconds)
+
+    @property
+    def total(self) -> float:
+        with self._lock:
+            return self._spent
+
+
 class Source(ABC, Generic[T]):
     """One source of the ledger: a name, what it reads first, one snapshot per cycle."""
 
@@ -65,6 +105,15 @@ class Source(ABC, Generic[T]):
     @property
     def name(self) -> str:
         return self.key.name
+
+    @property
+    def cpu(self) -> CpuMeter:
+        """What this source's threads have spent (made on first use: subclasses need not
+        call a base __init__)."""
+        meter: CpuMeter | None = self.__dict__.get("_cpu_meter")
+        if meter is None:
+            meter = self.__dict__.setdefault("_cpu_meter", CpuMeter())
+        return meter
 
     @abstractmethod
     def fetch(self, inputs: Snapshots) -> T:

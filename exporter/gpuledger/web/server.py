@@ -31,7 +31,7 @@ from gpuledger import __version__
 from gpuledger.document.v1 import LedgerDocument
 from gpuledger.export.collector import LedgerCollector
 from gpuledger.export.document import document_bytes, ledger_document
-from gpuledger.export.exposition import render_text
+from gpuledger.export.exposition import FamilyRenderer, render_text
 from gpuledger.export.published import Published
 from gpuledger.web.node_page import render_page, simulated_banner
 from gpuledger.web.runbooks import runbooks_page
@@ -72,6 +72,7 @@ class Exporter:
         # scrape appends only the age. OpenMetrics requests render in full.
         self._age = LedgerCollector(self.current, "age")
         self._rendered = b""
+        self._renderer = FamilyRenderer()  # the collection loop's: unchanged families kept
         self._gzipped: bytes | None = None  # made on the first gzip scrape of a snapshot
         # /ledger.json and /ledger read the snapshot's document, built once with it.
         self._document: tuple[LedgerDocument, bytes] | None = None
@@ -95,7 +96,7 @@ class Exporter:
     def run_once(self) -> Published:
         published = self._cycle()
         snapshot = LedgerCollector(lambda: (published, time.time()), "snapshot")
-        rendered = render_text(snapshot.families())
+        rendered = self._renderer.render(snapshot.families())
         doc = ledger_document(published)
         document = (doc, document_bytes(doc))
         with self._lock:

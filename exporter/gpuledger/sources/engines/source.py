@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import concurrent.futures
+import functools
 import logging
 import ssl
 import threading
@@ -37,7 +38,7 @@ from gpuledger.model.engines import (
 )
 from gpuledger.model.kubernetes import PODS
 from gpuledger.net.httpclient import HttpClient, HttpError
-from gpuledger.sources.base import Source
+from gpuledger.sources.base import CpuMeter, Source
 from gpuledger.sources.engines.discovery import discover_targets
 from gpuledger.sources.engines.exposition import (
     ExpositionError,
@@ -106,14 +107,21 @@ class EngineScraper:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def scrape(self, targets: Sequence[EngineTarget]) -> EnginesSnapshot:
-        """Every target's scrape, in order; never raises, returns by the deadline."""
+    def scrape(
+        self, targets: Sequence[EngineTarget], meter: CpuMeter | None = None
+    ) -> EnginesSnapshot:
+        """Every target's scrape, in order; never raises, returns by the deadline. The
+        scrape threads' CPU goes to `meter` (the source's)."""
         if not targets:
             return EnginesSnapshot()
         started = time.monotonic()
         deadline = started + self.timeout_seconds
         executor = self._pool()
-        futures = [executor.submit(self.scrape_one, t, deadline) for t in targets]
+        meter = meter or CpuMeter()
+        futures = [
+            executor.submit(meter.run, functools.partial(self.scrape_one, t, deadline))
+            for t in targets
+        ]
         done, _ = concurrent.futures.wait(futures, timeout=self.timeout_seconds + 0.5)
         return EnginesSnapshot(
             tuple(
@@ -323,7 +331,7 @@ class EngineSource(Source[EnginesSnapshot]):
     def fetch(self, inputs: Snapshots) -> EnginesSnapshot:
         pods = inputs.get(PODS)
         discovered = pods.pods if pods is not None and self.discovery else ()
-        return self.scraper.scrape(discover_targets(discovered, self.static_targets))
+        return self.scraper.scrape(discover_targets(discovered, self.static_targets), self.cpu)
 
     def item_errors(self, snapshot: EnginesSnapshot) -> Iterable[str]:
         # One engine failing is not the source failing, but its reason counts.

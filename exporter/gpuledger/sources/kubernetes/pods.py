@@ -510,7 +510,9 @@ class PodInformer(Source[PodsSnapshot]):
                 if self._client is None:
                     self._connect()
                 if need_list:
+                    self.cpu.tick()
                     self._list()
+                    self.cpu.tick()
                     need_list = False
                 watching = True
                 if self._watch_once():
@@ -692,6 +694,7 @@ class PodInformer(Source[PodsSnapshot]):
             )
             for event in stream:
                 self._apply(event)
+                self.cpu.tick()  # the watch thread's CPU is this source's
                 delivered += 1
                 if self._stop.is_set():
                     break

@@ -24,6 +24,7 @@ and treats absent fields as unknown rather than failing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -461,6 +462,8 @@ def _base_url(address: str) -> str:
 _NOT_JSON: Final = object()
 # Parsed rows and the warnings about them.
 _Parsed = tuple[tuple[T, ...], tuple[str, ...]]
+# Listings whose parse is kept (RayStateClient._memo): a cycle's queries with room to spare.
+MAX_MEMO: Final = 64
 
 
 class JsonReader:
@@ -547,7 +550,11 @@ class RayStateClient:
             headers=self._headers,
             max_redirects=0,
         )
-        self._nodes_memo: tuple[bytes, _Parsed[RayNode]] | None = None
+        # (path, query) -> (digest of the last 200 answer's bytes, its rows parsed): most
+        # answers (nodes, a node's actors, jobs, a job's placement groups) are the same
+        # bytes from cycle to cycle, and the same bytes parse the same. A digest, not the
+        # body, so what is kept stays small; bounded to the queries of about one cycle.
+        self._memo: dict[tuple[str, str], tuple[bytes, _Parsed[Any]]] = {}
 
     def __repr__(self) -> str:
         return f"RayStateClient({safe_url(self.base_url)!r})"
@@ -656,49 +663,54 @@ class RayStateClient:
 
     def _nodes(self) -> _Parsed[RayNode]:
         # Nodes need no detail: detail only adds start/end times.
-        body, status, where = self._get_body("/api/v0/nodes", self._list_params([]))
-        # The node table rarely changes between cycles: the same bytes parse the same.
-        memo = self._nodes_memo
-        if memo is not None and status == 200 and memo[0] == body:
+        return self._parsed("/api/v0/nodes", self._list_params([]), "nodes", parse_node)
+
+    def _parsed(
+        self, path: str, params: list[tuple[str, str]], what: str, parse: Callable[[Any], T | None]
+    ) -> _Parsed[T]:
+        """The rows of one listing, parsed; again only when its bytes changed."""
+        body, status, where = self._get_body(path, params)
+        key = (path, urlencode(params))
+        digest = hashlib.blake2b(body, digest_size=16).digest()
+        memo = self._memo.get(key)
+        if memo is not None and status == 200 and memo[0] == digest:
             return memo[1]
-        rows, warnings = self._rows(self._decode(body, status, where), "nodes")
-        nodes, skipped = _parse_all(rows, parse_node, "nodes")
-        result = (nodes, warnings + skipped)
-        self._nodes_memo = (body, result) if status == 200 else None
+        rows, warnings = self._rows(self._decode(body, status, where), what)
+        items, skipped = _parse_all(rows, parse, what)
+        result = (items, warnings + skipped)
+        if status == 200:
+            if len(self._memo) >= MAX_MEMO and key not in self._memo:
+                self._memo.clear()  # e.g. jobs come and go: start over rather than grow
+            self._memo[key] = (digest, result)
         return result
 
     def _actors(
         self, filters: Sequence[tuple[str, str, str]]
     ) -> tuple[tuple[RayActor, ...], tuple[str, ...]]:
         # detail=true: required_resources and placement_group_id are detail-only columns.
-        params = self._list_params(filters, detail=True)
-        rows, warnings = self._rows(self._get("/api/v0/actors", params), "actors")
-        actors, skipped = _parse_all(rows, parse_actor, "actors")
-        return actors, warnings + skipped
+        return self._parsed(
+            "/api/v0/actors", self._list_params(filters, detail=True), "actors", parse_actor
+        )
 
     def _placement_groups(
         self, filters: Sequence[tuple[str, str, str]]
     ) -> tuple[tuple[RayPlacementGroup, ...], tuple[str, ...]]:
         # detail=true: bundles and stats (scheduling_state) are detail-only columns.
         params = self._list_params(filters, detail=True)
-        rows, warnings = self._rows(
-            self._get("/api/v0/placement_groups", params), "placement_groups"
+        return self._parsed(
+            "/api/v0/placement_groups", params, "placement_groups", parse_placement_group
         )
-        groups, skipped = _parse_all(rows, parse_placement_group, "placement_groups")
-        return groups, warnings + skipped
 
     def _running_jobs(self) -> tuple[tuple[RayJob, ...] | None, tuple[str, ...]]:
         """RUNNING jobs (the filter is applied by Ray, finished ones pile up), or None with
         a warning: which engine drives which workers is then unknown, nothing else."""
         params = self._list_params([("status", "=", "RUNNING")])
         try:
-            rows, warnings = self._rows(self._get("/api/v0/jobs", params), "jobs")
+            return self._parsed("/api/v0/jobs", params, "jobs", parse_job)
         except SourceError as exc:
             if exc.reason == "unauthorized":
                 raise
             return None, (f"jobs: {exc.message}",)
-        jobs, skipped = _parse_all(rows, parse_job, "jobs")
-        return jobs, warnings + skipped
 
     def _rows(self, payload: Any, what: str) -> tuple[list[Any], tuple[str, ...]]:
         rows, warnings = list_rows(payload, what)
