@@ -3,27 +3,49 @@ device-plugin GPUs, and a pod waiting on its claims is pending for a claims reas
 
 from __future__ import annotations
 
+import time
 from functools import cache
 from typing import Any
 
 from gpuledger.document.codec import from_json
 from gpuledger.explain.chain import explain, render_text
-from gpuledger.export.document import document_json
-from gpuledger.sim.harness import settled_document
+from gpuledger.export.document import document_json, ledger_document
+from gpuledger.pipeline import Pipeline
+from gpuledger.sim.harness import SimulatedNode, settled_document
 from gpuledger.sim.scenario import load_scenario
 from tests.conftest import REPO
+from tests.unit.ledger_inputs import exposition, series
 
 SCENARIOS = REPO / "tests" / "fixtures" / "scenarios"
 G0 = "GPU-d0000000-0000-4000-8000-000000000000"
 G1 = "GPU-d1000000-0000-4000-8000-000000000001"
 G2 = "GPU-d2000000-0000-4000-8000-000000000002"
 G4 = "GPU-d4000000-0000-4000-8000-000000000004"
+G5 = "GPU-d5000000-0000-4000-8000-000000000005"
 MIG = "MIG-d3a00000-0000-4000-8000-000000000031"
 
 
 @cache
+def node_run() -> tuple[dict[str, Any], str]:
+    """The DRA node's settled /ledger.json and /metrics, from one cycle."""
+    with SimulatedNode(load_scenario(SCENARIOS / "dra-node.yaml")) as node:
+        pipeline = Pipeline(node.pipeline_config(5.0))
+        try:
+            pipeline.warm_up(5.0)
+            give_up = time.monotonic() + 5.0
+            while True:
+                published = pipeline.cycle()
+                up = all(s.state != "down" for s in published.ledger.sources)
+                if up or time.monotonic() > give_up:
+                    doc = dict(document_json(ledger_document(published)))
+                    return doc, exposition(published)
+                time.sleep(0.1)
+        finally:
+            pipeline.close()
+
+
 def node_doc() -> dict[str, Any]:
-    return dict(document_json(settled_document(load_scenario(SCENARIOS / "dra-node.yaml"))))
+    return node_run()[0]
 
 
 @cache
@@ -56,6 +78,34 @@ def test_mig_device_and_shared_claim_are_attributed_right() -> None:
         [shared] = _allocations(pod)
         assert (shared["gpu_uuid"], shared["claim"]["name"]) == (G1, "shared-gpu")
     assert not _active("unallocated_use")
+
+
+def test_one_device_shared_by_two_claims_is_each_claims_share() -> None:
+    # Consumable capacity (Kubernetes 1.35): the kubelet names each claim's share of gpu-5.
+    for pod, share in (("slice-x", "a1"), ("slice-y", "a2")):
+        [held] = _allocations(pod)
+        assert held["gpu_uuid"] == G5
+        assert held["claim"]["name"] == f"share-claim-{pod[-1]}"
+        assert held["claim"]["share_id"] == f"5f1c0000-0000-4000-8000-0000000000{share}"
+    assert not {p for p, g in _active("unallocated_use") if g == G5}
+    assert not {p for p, g in _active("allocated_unused") if g == G5}
+    shares = {
+        (labels["pod"], labels["dra_claim_name"], labels["dra_share_id"])
+        for name, pairs in series(node_run()[1])
+        if name == "gpuledger_dra_allocation_info"
+        for labels in [dict(pairs)]
+        if labels["gpu_uuid"] == G5
+    }
+    assert shares == {
+        ("slice-x", "share-claim-x", "5f1c0000-0000-4000-8000-0000000000a1"),
+        ("slice-y", "share-claim-y", "5f1c0000-0000-4000-8000-0000000000a2"),
+    }
+    # An unshared device's share label stays empty, as before 1.35.
+    assert ("trainer", "gpu-claim", "") in {
+        (dict(p)["pod"], dict(p)["dra_claim_name"], dict(p)["dra_share_id"])
+        for n, p in series(node_run()[1])
+        if n == "gpuledger_dra_allocation_info"
+    }
 
 
 def test_device_plugin_and_dra_gpus_on_one_node_both_report() -> None:

@@ -63,8 +63,9 @@ ContainerSpec = tuple[str, Sequence[DeviceGroup]]
 # (namespace, pod name, containers)
 PodSpec = tuple[str, str, Sequence[ContainerSpec]]
 # A DRA device of a container (PodResources v1 `dynamic_resources`, kubelet 1.34):
-# (namespace, pod, container, claim namespace, claim name, driver, pool, device)
-DynamicSpec = tuple[str, str, str, str, str, str, str, str]
+# (namespace, pod, container, claim namespace, claim name, driver, pool, device, share id:
+# "" sends none, as kubelets before 1.35 and unshared devices)
+DynamicSpec = tuple[str, str, str, str, str, str, str, str, str]
 
 # Just over the source's default 16 MiB receive limit.
 HUGE_BYTES: Final = 17 * 1024 * 1024
@@ -282,7 +283,7 @@ class FakeKubelet:
             for container, groups in containers:
                 entry = found.setdefault(container, api_pb2.ContainerResources(name=container))
                 entry.devices.extend(_groups(groups))
-        for namespace, name, container, claim_ns, claim, driver, pool, device in dynamic:
+        for namespace, name, container, claim_ns, claim, driver, pool, device, share in dynamic:
             found = order.setdefault((namespace, name), {})
             entry = found.setdefault(container, api_pb2.ContainerResources(name=container))
             entry.dynamic_resources.append(
@@ -295,6 +296,7 @@ class FakeKubelet:
                             driver_name=driver,
                             pool_name=pool,
                             device_name=device,
+                            share_id=share or None,
                         )
                     ],
                 )

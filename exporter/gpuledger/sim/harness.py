@@ -596,6 +596,7 @@ class SimulatedNode:
                     x.driver,
                     x.pool,
                     x.device,
+                    x.share_id,
                 )
                 for x in state.dynamic
             ]

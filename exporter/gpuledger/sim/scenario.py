@@ -130,7 +130,17 @@ TARGET_KEYS = frozenset(
     {"kind", "pod", "name", "engines", "fault", "style", "api_server", "socket"}
 )
 DYNAMIC_KEYS = frozenset(
-    {"namespace", "pod", "container", "claim", "claim_namespace", "driver", "pool", "device"}
+    {
+        "namespace",
+        "pod",
+        "container",
+        "claim",
+        "claim_namespace",
+        "driver",
+        "pool",
+        "device",
+        "share_id",
+    }
 )
 DRA_KEYS = frozenset({"slices", "claims", "fault"})
 DRA_SLICE_KEYS = frozenset({"driver", "pool", "node", "devices"})
@@ -355,6 +365,8 @@ class SimDynamic:
     driver: str
     pool: str
     device: str
+    # The kubelet's share of a device several claims hold (Kubernetes 1.35); "" sends none.
+    share_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -1000,6 +1012,7 @@ def _dynamic(doc: object, at: _Path, node: str) -> SimDynamic:
         driver=_str(d.get("driver", "gpu.nvidia.com"), at / "driver"),
         pool=_str(d.get("pool", node), at / "pool"),
         device=_str(d.get("device"), at / "device", "a device name like gpu-0"),
+        share_id=_str(d["share_id"], at / "share_id") if "share_id" in d else "",
     )
 
 

@@ -154,8 +154,9 @@ def claims_from_response(
                         driver=resource.driver_name,
                         pool=resource.pool_name,
                         device=resource.device_name,
-                        # Newer kubelets name a shared device's share; these stubs may not.
-                        share_id=str(getattr(resource, "share_id", "") or ""),
+                        # Kubernetes 1.35 names the share of a device several claims
+                        # hold (ClaimResource field 5); older kubelets send none.
+                        share_id=resource.share_id,
                     )
                     rows.add(ClaimAllocation(pod.namespace, pod.name, container.name, device))
     return tuple(sorted(rows, key=_claim_order))
