@@ -399,11 +399,12 @@ def test_deployment_needs_no_host_access_and_runs_as_non_root() -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_rbac_is_read_only_pods(scenario: str) -> None:
-    """Pods, and DRA's objects where read: the node agent its slices, the cluster view claims."""
+    """Pods, and DRA's objects where read: the node agent its slices, the cluster view claims
+    and every node's slices (its count of DRA GPU nodes)."""
     manifests = render(scenario)
     roles = of_kind(manifests, "ClusterRole") + of_kind(manifests, "Role")
     assert roles
-    dra = {"node": ["resourceslices"], "cluster": ["resourceclaims"]}
+    dra = {"node": ["resourceslices"], "cluster": ["resourceclaims", "resourceslices"]}
     for role in roles:
         name = role["metadata"]["name"]
         granted = {(tuple(r["apiGroups"]), tuple(r["resources"])) for r in role["rules"]}
@@ -430,10 +431,11 @@ def test_rbac_grants_exactly_list_and_watch_to_each_account() -> None:
         bound[subject["name"]] = role
     assert set(bound) == accounts
     for role in bound.values():
-        dra = "resourceslices" if role["metadata"]["name"].endswith("-node") else "resourceclaims"
+        node = role["metadata"]["name"].endswith("-node")
+        dra = ["resourceslices"] if node else ["resourceclaims", "resourceslices"]
         assert role["rules"] == [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-            {"apiGroups": ["resource.k8s.io"], "resources": [dra], "verbs": READ_VERBS_ORDER},
+            {"apiGroups": ["resource.k8s.io"], "resources": dra, "verbs": READ_VERBS_ORDER},
         ]
 
 

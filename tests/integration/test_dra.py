@@ -7,11 +7,13 @@ import time
 from functools import cache
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpuledger.document.codec import from_json
 from gpuledger.explain.chain import explain, render_text
 from gpuledger.export.document import document_json, ledger_document
 from gpuledger.pipeline import Pipeline
-from gpuledger.sim.harness import SimulatedNode, settled_document
+from gpuledger.sim.harness import SimulatedNode
 from gpuledger.sim.scenario import load_scenario
 from tests.conftest import REPO
 from tests.unit.ledger_inputs import exposition, series
@@ -26,9 +28,9 @@ MIG = "MIG-d3a00000-0000-4000-8000-000000000031"
 
 
 @cache
-def node_run() -> tuple[dict[str, Any], str]:
-    """The DRA node's settled /ledger.json and /metrics, from one cycle."""
-    with SimulatedNode(load_scenario(SCENARIOS / "dra-node.yaml")) as node:
+def run(scenario: str) -> tuple[dict[str, Any], str]:
+    """A scenario's settled /ledger.json and /metrics, from one cycle."""
+    with SimulatedNode(load_scenario(SCENARIOS / scenario)) as node:
         pipeline = Pipeline(node.pipeline_config(5.0))
         try:
             pipeline.warm_up(5.0)
@@ -44,13 +46,16 @@ def node_run() -> tuple[dict[str, Any], str]:
             pipeline.close()
 
 
+def node_run() -> tuple[dict[str, Any], str]:
+    return run("dra-node.yaml")
+
+
 def node_doc() -> dict[str, Any]:
     return node_run()[0]
 
 
-@cache
 def cluster_doc() -> dict[str, Any]:
-    return dict(document_json(settled_document(load_scenario(SCENARIOS / "dra-cluster.yaml"))))
+    return run("dra-cluster.yaml")[0]
 
 
 def _allocations(pod: str) -> list[dict[str, Any]]:
@@ -139,3 +144,29 @@ def test_pod_that_cannot_allocate_its_claims_is_pending_for_a_claims_reason() ->
     assert result["workloads"][0]["verdict"]["reason"] == "claim_unallocatable"
     text = render_text(result)
     assert "claim gpu-claim: no device of class gpu.nvidia.com fits on 6 nodes" in text
+
+
+def test_cluster_view_counts_gpu_devices_per_node_from_every_resourceslice() -> None:
+    # DRA-only nodes have no nvidia.com/gpu capacity: these series are how the
+    # exporter-down rule still counts them as GPU nodes. A NIC driver's slice is no GPU's.
+    found = {
+        (labels["node"], labels["dra_node"], labels["dra_driver_name"]): value
+        for labels, value in _samples(run("dra-cluster.yaml")[1], "gpuledger_dra_node_gpu_devices")
+    }
+    assert found == {
+        ("gpuledger-cluster", "dra-only-1", "gpu.nvidia.com"): 2,
+        ("gpuledger-cluster", "dra-only-2", "gpu.nvidia.com"): 1,
+    }
+
+
+def test_node_agent_exports_no_cluster_wide_slice_counts() -> None:
+    assert _samples(node_run()[1], "gpuledger_dra_node_gpu_devices") == []
+
+
+def _samples(text: str, family: str) -> list[tuple[dict[str, str], float]]:
+    return [
+        (dict(s.labels), s.value)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == family
+    ]

@@ -17,6 +17,7 @@ from gpuledger.export.published import Published
 from gpuledger.ledger import caps
 from gpuledger.ledger.ray import RayActorGpus, RayActorMemory, RayNodeView, fold_actor_classes
 from gpuledger.model import Snapshots
+from gpuledger.model.dra import DraSnapshot, NodeDevices
 from gpuledger.model.engines import EnginesSnapshot, EngineTarget
 from gpuledger.model.ray import RAY_LOCAL, LocalRayNode, RayActor
 from gpuledger.pipeline import Pipeline, PipelineConfig
@@ -284,6 +285,16 @@ def test_pending_pods_are_capped_in_cluster_mode() -> None:
         "gpuledger_pod_pending_placement": 2000,
         "gpuledger_pod_pending_gpus": 2000,
     }
+
+
+def test_dra_gpu_nodes_are_capped_in_cluster_mode() -> None:
+    rows = tuple(
+        NodeDevices(f"node-{i:05d}", "gpu.nvidia.com", 8) for i in range(caps.MAX_DRA_NODES + 300)
+    )
+    result = ledger("cluster", dra=DraSnapshot(nodes=rows))
+    counts = within_budget(exposition(result), "cluster")
+    assert counts["gpuledger_dra_node_gpu_devices"] == caps.MAX_DRA_NODES
+    assert dropped_series(result) == {"gpuledger_dra_node_gpu_devices": 300}
 
 
 def test_a_repeated_gpu_uuid_is_one_gpu() -> None:

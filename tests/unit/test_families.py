@@ -12,6 +12,7 @@ from gpuledger.export import families as F
 from gpuledger.export.collector import dropped_series
 from gpuledger.export.published import Published
 from gpuledger.ledger import EngineGpu, Ledger, Overflow
+from gpuledger.model.dra import NodeDevices
 from gpuledger.model.engines import EngineMetrics
 from tests.unit.ledger_inputs import (
     allocations,
@@ -100,7 +101,9 @@ def rich_ledgers() -> list[Ledger]:
     )
     serve = serve_ledger(capture_snapshot())
     waiting = replace(pod(2), node_name=None, pending_since=1.0)
-    pending = ledger("cluster", pods=pods([waiting]))
+    # The cluster view's count of a node's GPU devices in its ResourceSlices.
+    slices = (NodeDevices("gpu-node-9", "gpu.nvidia.com", 8),)
+    pending = replace(ledger("cluster", pods=pods([waiting])), dra_nodes=slices)
     return [containers, replace(ray, engines=(engine,)), serve, pending]
 
 

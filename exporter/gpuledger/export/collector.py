@@ -179,6 +179,14 @@ def pending_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (placement, gpus, since)
 
 
+def dra_node_families(ledger: Ledger) -> Iterator[Metric]:
+    devices = _gauge(F.DRA_NODE_GPU_DEVICES)
+    for row in ledger.dra_nodes:
+        devices.add_metric([ledger.node, row.node, row.driver], row.devices)
+    # Only where DRA publishes GPUs: a cluster without DRA exposes what it did before.
+    yield from ([devices] if devices.samples else [])
+
+
 def engine_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     up = _gauge(F.ENGINE_UP)
@@ -424,7 +432,7 @@ LEDGER_FAMILIES: Mapping[str, tuple[Callable[[Ledger], Iterator[Metric]], ...]] 
         ray_families,
         serve_families,
     ),
-    "cluster": (pending_families, ray_cluster_families),
+    "cluster": (pending_families, dra_node_families, ray_cluster_families),
 }
 
 

@@ -34,13 +34,14 @@ CLUSTER: Final[Mode] = "cluster"
 
 # docs/metrics.md's sections, each with its table of families.
 Section = Literal[
-    "gpus", "mig", "containers", "kubernetes", "pending", "engines", "ray", "serve", "self"
+    "gpus", "mig", "containers", "kubernetes", "pending", "dra", "engines", "ray", "serve", "self"
 ]
 GPUS: Final[Section] = "gpus"
 MIG: Final[Section] = "mig"
 CONTAINERS: Final[Section] = "containers"
 KUBERNETES: Final[Section] = "kubernetes"
 PENDING: Final[Section] = "pending"
+DRA: Final[Section] = "dra"
 ENGINES: Final[Section] = "engines"
 RAY: Final[Section] = "ray"
 SERVE: Final[Section] = "serve"
@@ -476,6 +477,28 @@ POD_PENDING_SINCE_TIMESTAMP_SECONDS: Final = declare(
     cap="MAX_PENDING_PODS",
     budget=(Budget(CLUSTER, "10,000", "`MAX_PENDING_PODS`", 10000),),
     meaning="When `PodScheduled` became False (Unix time).",
+)
+
+DRA_NODE_GPU_DEVICES: Final = declare(
+    "gpuledger_dra_node_gpu_devices",
+    GAUGE,
+    DRA,
+    help="GPU and MIG devices a GPU DRA driver's ResourceSlices publish on a node.",
+    labels=("dra_node", "dra_driver_name"),
+    stability=EXPERIMENTAL,
+    rows="dra_nodes",
+    cap="MAX_DRA_NODES",
+    budget=(Budget(CLUSTER, "5,000", "`MAX_DRA_NODES` (node, driver)", 5000),),
+    meaning=(
+        "Devices with a `uuid` attribute (GPUs, MIG devices) that the `resource.k8s.io/v1` "
+        "ResourceSlices of a GPU DRA driver (`--dra-driver`) publish on node `dra_node` "
+        "(the slices' `spec.nodeName`; `node` is the cluster agent's, as on every series), "
+        "counting each pool's newest generation only. kube-state-metrics has no "
+        "ResourceSlice series: this is how `GpuLedgerExporterDown` counts a node whose "
+        "GPUs only DRA publishes (no `nvidia.com/gpu` capacity) as a GPU node. Nodes "
+        "without such devices have no series; all are absent while the slices cannot be "
+        "listed (the `dra` source's errors count it, `/ledger.json`'s unknowns say so)."
+    ),
 )
 
 ENGINE_UP: Final = declare(

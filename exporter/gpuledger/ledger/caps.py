@@ -36,6 +36,9 @@ MAX_SERVE_DEPLOYMENTS: Final = 256
 MAX_SERVE_REPLICAS: Final = 1024
 # Cluster mode: unplaced GPU pods (three series each).
 MAX_PENDING_PODS: Final = 10_000
+# Cluster mode: (node, DRA driver) rows of GPU devices in ResourceSlices; Kubernetes
+# supports 5,000 nodes.
+MAX_DRA_NODES: Final = 5_000
 
 
 def split(rows: Sequence[T], limit: int) -> tuple[tuple[T, ...], tuple[T, ...]]:

@@ -29,7 +29,7 @@ from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
 from gpuledger.ledger.topology import Topology, ray_engine_links, with_links
 from gpuledger.model import Snapshots, SourceStatus
-from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot
+from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot, NodeDevices
 from gpuledger.model.engines import ENGINES, EnginesSnapshot
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess
@@ -177,6 +177,7 @@ class Overflow:
     pods: tuple[PodState, ...] = field(default=(), metadata=_cut(caps.MAX_GPU_PODS))
     engines: tuple[Engine, ...] = ()
     pending: tuple[PodInfo, ...] = field(default=(), metadata=_cut(caps.MAX_PENDING_PODS))
+    dra_nodes: tuple[NodeDevices, ...] = field(default=(), metadata=_cut(caps.MAX_DRA_NODES))
     # Ray nodes past the cap with their rows, and the actor rows folded into OTHER_CLASS.
     ray: RayLocal | None = None
     # Serve deployment rows and replicas past their caps.
@@ -227,6 +228,8 @@ class Ledger:
     serve: ServeLocal | None = None
     # Cluster mode: the GPU ResourceClaims of the cluster (pending pods name theirs).
     claims: tuple[ClaimInfo, ...] = ()
+    # Cluster mode: GPU devices per node in the GPU drivers' ResourceSlices.
+    dra_nodes: tuple[NodeDevices, ...] = ()
 
 
 class _Pods:
@@ -556,6 +559,7 @@ def build_ledger(
     podresources = snapshots.get(PODRESOURCES)
     ray_local = snapshots.get(RAY_LOCAL) if node_mode else None
     ray_cluster = None if node_mode else _ray_cluster(snapshots)
+    dra = snapshots.get(DRA)
     sources = snapshots.statuses
     gpus, gpus_over = _unique_gpus(nvml.gpus if nvml else ())
     host = host_gpus(gpus)
@@ -607,6 +611,7 @@ def build_ledger(
         pending=_pending_pods(pending, snapshots.get(DRA)),
         unknowns=(
             *_unknowns(sources),
+            *_slice_unknowns(None if node_mode else dra),
             *claims.unknowns,
             *_serve_unknowns(layers.serve),
             *ray_job_unknowns(ray_local),
@@ -614,7 +619,8 @@ def build_ledger(
         ray=layers.ray,
         ray_cluster=ray_cluster,
         serve=layers.serve,
-        claims=_pending_claims(pending, snapshots.get(DRA)),
+        claims=_pending_claims(pending, dra),
+        dra_nodes=dra.nodes if dra is not None and not node_mode else (),
     )
     return _capped(ledger, layers.overflow(gpus_over))
 
@@ -913,6 +919,16 @@ _MISSING = {
     "serve": "no Ray Serve: deployments, router queues and replica requests unknown",
     "dra": "no ResourceSlices/ResourceClaims: DRA GPUs unknown",
 }
+
+
+def _slice_unknowns(dra: DraSnapshot | None) -> tuple[str, ...]:
+    """Cluster mode: the claims were read but the cluster's slices were not."""
+    if dra is None or dra.nodes_error is None:
+        return ()
+    return (
+        f"ResourceSlices not listed ({dra.nodes_error}): nodes with DRA GPUs only are not "
+        "counted as GPU nodes",
+    )
 
 
 def _serve_unknowns(serve: ServeLocal | None) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
 """Kubernetes Dynamic Resource Allocation (`resource.k8s.io/v1`, Kubernetes 1.34): the
-devices this node's ResourceSlices publish, and the ResourceClaims pending pods wait on."""
+devices this node's ResourceSlices publish, the ResourceClaims pending pods wait on, and
+which nodes' slices publish GPUs at all."""
 
 from __future__ import annotations
 
@@ -37,11 +38,26 @@ class ClaimInfo:
 
 
 @dataclass(frozen=True)
+class NodeDevices:
+    """Cluster mode: the devices with a `uuid` (GPUs, MIG devices) that one GPU driver's
+    current ResourceSlices publish on one node. kube-state-metrics has no such series."""
+
+    node: str  # spec.nodeName of the slices
+    driver: str
+    devices: int
+
+
+@dataclass(frozen=True)
 class DraSnapshot:
     # Node mode: the devices of this node's slices that carry a `uuid`, sorted.
     devices: tuple[SliceDevice, ...] = ()
     # Cluster mode: claims that request a GPU device class, sorted by namespace, name.
     claims: tuple[ClaimInfo, ...] = ()
+    # Cluster mode: nodes whose slices publish GPU devices, sorted by node, driver.
+    nodes: tuple[NodeDevices, ...] = ()
+    # Cluster mode: why the cluster's slices could not be listed (a reason of the error
+    # vocabulary, e.g. forbidden); `nodes` is then empty, the claims still good.
+    nodes_error: str | None = None
 
 
 # This source's snapshot in a cycle's Snapshots.

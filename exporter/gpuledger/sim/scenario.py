@@ -1016,14 +1016,16 @@ def _dynamic(doc: object, at: _Path, node: str) -> SimDynamic:
     )
 
 
-def _dra(doc: object, at: _Path, node: str, gpus: tuple[SimGpu, ...]) -> SimDra:
+def _dra(
+    doc: object, at: _Path, node: str, gpus: tuple[SimGpu, ...], remote: bool = False
+) -> SimDra:
     d = _mapping(doc, at)
     _check_keys(d, DRA_KEYS, at)
     fault = d.get("fault", "ok")
     if fault not in DRA_FAULTS:
         raise (at / "fault").fail(f"one of {', '.join(DRA_FAULTS)}", fault)
     slices = tuple(
-        _slice(x, at / "slices" / i, node, gpus)
+        _slice(x, at / "slices" / i, node, gpus, remote)
         for i, x in enumerate(_list(d.get("slices") or [], at / "slices"))
     )
     claims = tuple(
@@ -1033,7 +1035,10 @@ def _dra(doc: object, at: _Path, node: str, gpus: tuple[SimGpu, ...]) -> SimDra:
     return SimDra(slices=slices, claims=claims, fault=str(fault))
 
 
-def _slice(doc: object, at: _Path, node: str, gpus: tuple[SimGpu, ...]) -> SimSlice:
+def _slice(
+    doc: object, at: _Path, node: str, gpus: tuple[SimGpu, ...], remote: bool = False
+) -> SimSlice:
+    """One slice; `remote` (a cluster-mode scenario): its devices are any GPU or MIG UUID."""
     d = _mapping(doc, at)
     _check_keys(d, DRA_SLICE_KEYS, at)
     migs = mig_devices(gpus)
@@ -1044,7 +1049,9 @@ def _slice(doc: object, at: _Path, node: str, gpus: tuple[SimGpu, ...]) -> SimSl
         dm = _mapping(x, where)
         _check_keys(dm, DRA_DEVICE_KEYS, where)
         gpu = _str(dm.get("gpu"), where / "gpu", "the UUID of a GPU or MIG device under gpus")
-        if gpu not in whole and gpu not in migs:
+        if remote and not gpu.startswith(("GPU-", "MIG-")):
+            raise (where / "gpu").fail("a GPU-… or MIG-… UUID", gpu)
+        if not remote and gpu not in whole and gpu not in migs:
             raise (where / "gpu").fail("the UUID of a GPU or MIG device under gpus", gpu)
         parent, mig = migs.get(gpu, (None, None))
         devices.append(
@@ -1469,7 +1476,9 @@ def parse_scenario(doc: object, source: str) -> Scenario:
         allocations, pr_fault, dynamic = _podresources(
             d.get("podresources"), at / "podresources", node
         )
-    dra = _dra(d["dra"], at / "dra", node, gpus) if d.get("dra") is not None else None
+    # The cluster view's slices are other nodes': their devices are no GPUs of this one.
+    remote = mode == "cluster"
+    dra = _dra(d["dra"], at / "dra", node, gpus, remote) if d.get("dra") is not None else None
     # The alias's entries are vLLM's, which they were before other kinds.
     alias_kind = KINDS[0].name if "engines" not in given else None
     engines = tuple(

@@ -9,7 +9,10 @@ list per cycle, on the pod informer's client path.
   `gpu-<minor>-mig-<profileId>-<start>-<size>` with attributes `uuid`, `parentUUID` and
   `profile`.
 * cluster mode: the ResourceClaims that request a GPU device class, so a pending pod's
-  DRA GPUs count like its `nvidia.com/gpu` limits.
+  DRA GPUs count like its `nvidia.com/gpu` limits; then every node's ResourceSlices, reduced
+  to a count of GPU devices per (node, driver), so a DRA-only node counts as a GPU node
+  where kube-state-metrics sees no `nvidia.com/gpu` capacity. A failed slice list leaves
+  the claims good: the snapshot says why (`nodes_error`, counted as an item error).
 
 A list, not a watch: slices change when devices or MIG layouts do, and one node's slices
 are a few KiB; `resourceVersion=0` serves them from the API server's watch cache, not
@@ -21,12 +24,14 @@ configured rather than down.
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuledger.model import NOT_CONFIGURED, Snapshots
-from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot, SliceDevice
+from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot, NodeDevices, SliceDevice
 from gpuledger.net import kubeapi
 from gpuledger.net.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.net.kubeapi import ApiException
@@ -38,8 +43,11 @@ __all__ = [
     "DEFAULT_GPU_DRIVERS",
     "DraSource",
     "claim_info",
+    "node_devices",
     "slice_devices",
 ]
+
+log = logging.getLogger(__name__)
 
 API = "/apis/resource.k8s.io/v1"
 DEFAULT_GPU_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
@@ -47,6 +55,8 @@ DEFAULT_GPU_DEVICE_CLASSES: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com
 MAX_PAGES = 100
 MAX_DEVICES = 4096  # per node: 8 GPUs with 7 MIG devices each is 64
 MAX_CLAIMS = 50_000
+# Cluster mode: ResourceSlices of the GPU drivers, cluster-wide (5,000 nodes, a few each).
+MAX_SLICES = 50_000
 _HTTP_NOT_FOUND = 404
 _HTTP_FORBIDDEN = 403
 Mode = Literal["node", "cluster"]
@@ -85,6 +95,49 @@ def slice_devices(item: Mapping[str, Any], drivers: Sequence[str]) -> Iterator[S
                 parent_uuid=_attribute(attributes, str(driver), "parentUUID"),
                 profile=_attribute(attributes, str(driver), "profile"),
             )
+
+
+@dataclass(frozen=True)
+class _SliceCount:
+    """One ResourceSlice of a GPU driver on a node, reduced to its GPU devices."""
+
+    node: str
+    driver: str
+    pool: str
+    generation: int
+    devices: int
+
+
+def _slice_count(item: Mapping[str, Any], drivers: Sequence[str]) -> _SliceCount | None:
+    """A node-local slice of a GPU driver (spec.nodeName set), else None."""
+    spec = _obj(item.get("spec"))
+    node, pool = spec.get("nodeName"), _obj(spec.get("pool"))
+    if spec.get("driver") not in drivers or not isinstance(node, str) or not node:
+        return None
+    generation = pool.get("generation")
+    return _SliceCount(
+        node=node,
+        driver=str(spec["driver"]),
+        pool=str(pool.get("name") or ""),
+        generation=generation if isinstance(generation, int) else 0,
+        devices=sum(1 for _ in slice_devices(item, drivers)),
+    )
+
+
+def node_devices(slices: Iterable[_SliceCount]) -> tuple[NodeDevices, ...]:
+    """GPU devices per (node, driver), from each pool's newest generation only (a driver
+    republishing a pool leaves older slices behind until it deletes them); nodes whose
+    slices publish none are left out."""
+    found = list(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for s in found:
+        key = (s.driver, s.pool)
+        newest[key] = max(newest.get(key, s.generation), s.generation)
+    counts: dict[tuple[str, str], int] = {}
+    for s in found:
+        if s.generation == newest[(s.driver, s.pool)]:
+            counts[(s.node, s.driver)] = counts.get((s.node, s.driver), 0) + s.devices
+    return tuple(NodeDevices(n, d, c) for (n, d), c in sorted(counts.items()) if c > 0)
 
 
 def _request_classes(request: Mapping[str, Any]) -> tuple[str | None, int]:
@@ -156,6 +209,7 @@ class DraSource(Source[DraSnapshot]):
         self._max_page_bytes = max_page_bytes
         self.path = f"{API}/resourceslices" if mode == "node" else f"{API}/resourceclaims"
         self.field_selector = f"spec.nodeName={node_name}" if mode == "node" else None
+        self._nodes_error: str | None = None
 
     def fetch(self, inputs: Snapshots | None = None) -> DraSnapshot:
         if self._client is None:
@@ -167,13 +221,48 @@ class DraSource(Source[DraSnapshot]):
                 devices = self._collect(deadline, host, self._devices, MAX_DEVICES)
                 return DraSnapshot(devices=tuple(sorted(devices, key=_device_key)))
             claims = self._collect(deadline, host, self._claims, MAX_CLAIMS)
-            return DraSnapshot(claims=tuple(sorted(claims, key=lambda c: (c.namespace, c.name))))
+            nodes, error = self._nodes(deadline, host)
+            return DraSnapshot(
+                claims=tuple(sorted(claims, key=lambda c: (c.namespace, c.name))),
+                nodes=nodes,
+                nodes_error=error,
+            )
         except ApiException as exc:
             raise self._api_error(exc, host) from None
         except SourceError:
             raise
         except Exception as exc:
             raise SourceError(*_describe_error(exc, host)) from None
+
+    def _nodes(self, deadline: float, host: str) -> tuple[tuple[NodeDevices, ...], str | None]:
+        """Cluster mode: GPU devices per node from every slice, on the same client path and
+        bounds as the node agent's list; a failure is the snapshot's `nodes_error`."""
+        try:
+            found = self._collect(
+                deadline, host, self._slice_counts, MAX_SLICES, path=f"{API}/resourceslices"
+            )
+            error: SourceError | None = None
+        except ApiException as exc:
+            error = self._api_error(exc, host, "resourceslices")
+        except SourceError as exc:
+            error = exc
+        except Exception as exc:
+            error = SourceError(*_describe_error(exc, host))
+        reason = error.reason if error is not None else None
+        if reason != self._nodes_error:  # transitions only: no log line every cycle
+            if error is not None:
+                log.warning("ResourceSlices not listed, DRA GPU nodes unknown: %s", error)
+            else:
+                log.info("ResourceSlices listed again")
+            self._nodes_error = reason
+        return (node_devices(found), None) if error is None else ((), reason)
+
+    def _slice_counts(self, item: Mapping[str, Any]) -> list[_SliceCount]:
+        found = _slice_count(item, self.drivers)
+        return [found] if found is not None else []
+
+    def item_errors(self, snapshot: DraSnapshot) -> Iterable[str]:
+        return [snapshot.nodes_error] if snapshot.nodes_error else []
 
     def _devices(self, item: Mapping[str, Any]) -> list[SliceDevice]:
         return list(slice_devices(item, self.drivers))
@@ -188,16 +277,20 @@ class DraSource(Source[DraSnapshot]):
         host: str,
         reduce: Callable[[Mapping[str, Any]], list[Any]],
         cap: int,
+        *,
+        path: str | None = None,
     ) -> list[Any]:
-        """Every page of the list, each item reduced as it is parsed, at most `cap` rows."""
+        """Every page of the list, each item reduced as it is parsed, at most `cap` rows.
+        `path`: another list than the mode's (cluster mode's slices, cluster-wide)."""
         rows: list[Any] = []
         token: str | None = None
+        what = "GPU ResourceSlices" if path is not None else self._what
         for _ in range(MAX_PAGES):
-            for item in self._page(token, deadline, host):
+            for item in self._page(token, deadline, host, path):
                 rows.extend(reduce(item))
                 if len(rows) > cap:
                     raise SourceError(
-                        "too_large", f"the Kubernetes API {host} lists over {cap} {self._what}"
+                        "too_large", f"the Kubernetes API {host} lists over {cap} {what}"
                     )
             token = self._continue
             if token is None:
@@ -208,14 +301,17 @@ class DraSource(Source[DraSnapshot]):
     def _what(self) -> str:
         return "GPU devices in this node's ResourceSlices" if self.mode == "node" else "claims"
 
-    def _page(self, token: str | None, deadline: float, host: str) -> list[Mapping[str, Any]]:
+    def _page(
+        self, token: str | None, deadline: float, host: str, path: str | None = None
+    ) -> list[Mapping[str, Any]]:
         left = deadline - time.monotonic()
         if left <= 0:
             raise SourceError("timeout", f"the Kubernetes API {host} did not list in time")
-        params: dict[str, Any] = {"limit": self._page_size, "field_selector": self.field_selector}
+        selector = self.field_selector if path is None else None
+        params: dict[str, Any] = {"limit": self._page_size, "field_selector": selector}
         params.update({"_continue": token} if token else {"resource_version": "0"})
         response = kubeapi.list_objects(
-            self._client, self.path, _request_timeout=(left, left), **params
+            self._client, path or self.path, _request_timeout=(left, left), **params
         )
         try:
             body = json.loads(read_bounded(response, self._max_page_bytes, deadline))
@@ -238,13 +334,13 @@ class DraSource(Source[DraSnapshot]):
 
     _continue: str | None = None
 
-    def _api_error(self, exc: ApiException, host: str) -> SourceError:
+    def _api_error(self, exc: ApiException, host: str, what: str | None = None) -> SourceError:
         status = int(exc.status or 0)
         if status == _HTTP_NOT_FOUND:
             # No resource.k8s.io/v1 here (before Kubernetes 1.34, or DRA turned off).
             return SourceError(NOT_CONFIGURED, f"the Kubernetes API {host} serves no {API}")
         if status == _HTTP_FORBIDDEN:
-            what = "resourceslices" if self.mode == "node" else "resourceclaims"
+            what = what or ("resourceslices" if self.mode == "node" else "resourceclaims")
             return SourceError(
                 "forbidden",
                 f"Kubernetes API {host} answered 403 Forbidden: the exporter's service "
