@@ -41,12 +41,14 @@ local stages = import 'lib/stages.json';
     gpuledgerClusterSelector: 'job="gpuledger-cluster"',
 
     // Optional: kube-state-metrics, whose kube_node_status_capacity says which nodes have
-    // GPUs. Where those series exist, GpuLedgerExporterDown also fires, per cluster, while
-    // fewer node-agent targets (gpuledgerNodeSelector) exist than nodes with a GPU resource
-    // matching gpuNodeResourceRegex: a DaemonSet pod that is not scheduled (taints,
-    // resources, a node selector) has no target to fail. Without kube-state-metrics the
-    // comparison finds nothing and stays silent. '' turns it off (for a DaemonSet that
-    // skips some GPU nodes on purpose).
+    // GPUs. GpuLedgerExporterDown also fires, per cluster, while fewer node-agent targets
+    // (gpuledgerNodeSelector) exist than GPU nodes: nodes with a GPU resource matching
+    // gpuNodeResourceRegex, or whose DRA ResourceSlices publish GPU devices (the cluster
+    // view's gpuledger_dra_node_gpu_devices: a DRA-only node has no GPU capacity, and
+    // kube-state-metrics no ResourceSlice series). A DaemonSet pod that is not scheduled
+    // (taints, resources, a node selector) has no target to fail. With neither series the
+    // comparison finds nothing and stays silent. '' turns the whole comparison off (for a
+    // DaemonSet that skips some GPU nodes on purpose).
     kubeStateMetricsSelector: 'job="kube-state-metrics"',
     // kube-state-metrics' `resource` label of GPUs in node capacity: nvidia.com/gpu, and the
     // MIG devices of the mixed strategy (nvidia.com/mig-1g.10gb, ...).

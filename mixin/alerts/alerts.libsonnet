@@ -107,9 +107,17 @@
   // GpuLedgerExporterDown, one condition per way of going blind: a target that fails; an
   // expected agent with no target at all; and, where kube-state-metrics is scraped, fewer
   // node-agent targets than nodes with GPUs (per cluster; while no node agent exists
-  // anywhere, absent() says so alone).
-  local gpuNodes = 'count by (%s) (group by (%s, node) (kube_node_status_capacity{%s, resource=~"%s"} > 0))'
-                   % [cl, cl, c.kubeStateMetricsSelector, c.gpuNodeResourceRegex],
+  // anywhere, absent() says so alone). A GPU node is one with GPU capacity
+  // (kube-state-metrics), or one whose ResourceSlices publish GPU devices (the cluster
+  // view's gpuledger_dra_node_gpu_devices, by dra_node: DRA-only nodes have no capacity);
+  // a node both say is counted once (`or` on cluster and node).
+  local gpuNodes = 'count by (%(cl)s) (%(capacity)s or %(slices)s)' % {
+    cl: cl,
+    capacity: 'group by (%s, node) (kube_node_status_capacity{%s, resource=~"%s"} > 0)'
+              % [cl, c.kubeStateMetricsSelector, c.gpuNodeResourceRegex],
+    slices: 'group by (%s, node) (label_replace(gpuledger_dra_node_gpu_devices{%s} > 0, "node", "$1", "dra_node", "(.+)"))'
+            % [cl, sel],
+  },
   local exporterDown =
     ['up{%s} == 0' % sel]
     + ['absent(up{%s})' % s for s in [c.gpuledgerNodeSelector, c.gpuledgerClusterSelector] if s != '']
@@ -133,6 +141,12 @@
     ['affinity', 'pod affinity or anti-affinity rules exclude every node'],
     ['taint', 'the nodes with room carry taints the pod does not tolerate, or are cordoned'],
     ['scheduling_gated', 'a scheduling gate holds the pod (queue admission such as Kueue quota)'],
+    // Kubernetes DRA (kube-scheduler's DynamicResources plugin).
+    ['claim_unallocatable', "no node has free devices that fit the pod's ResourceClaims"],
+    ['device_class_missing', 'a ResourceClaim names a DeviceClass that does not exist'],
+    ['claim_deleting', 'a ResourceClaim the pod needs is being deleted'],
+    ['claim_in_use', 'a shared ResourceClaim is reserved for as many pods as it may be'],
+    ['claim_allocating', "the scheduler is still allocating the pod's ResourceClaim"],
   ],
   local reasonText =
     std.join('', [
@@ -377,7 +391,7 @@
               description: (
                 '{{ if $labels.instance }}Prometheus has failed to scrape {{ $labels.instance }} (job {{ $labels.job }}) for %(for)s'
                 + '{{ else if $labels.job }}Prometheus has had no target of job {{ $labels.job }} for %(for)s: the agent, or the ServiceMonitor/PodMonitor that finds it, is gone'
-                + '{{ else }}{{ $value }} node(s) with GPUs (kube-state-metrics){{ with $labels.%(cl)s }} in cluster {{ . }}{{ end }} have had no gpuledger node-agent target for %(for)s: the DaemonSet has no pod there'
+                + '{{ else }}{{ $value }} node(s) with GPUs (kube-state-metrics capacity or DRA ResourceSlices){{ with $labels.%(cl)s }} in cluster {{ . }}{{ end }} have had no gpuledger node-agent target for %(for)s: the DaemonSet has no pod there'
                 + '{{ end }}: the GPUs, pods or pending work it would report are invisible, and their alerts cannot fire.'
               ) % { 'for': c.exporterDownFor, cl: cl },
             },

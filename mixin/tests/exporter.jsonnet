@@ -25,6 +25,23 @@ local cluster =
   + capacity('gpu-node-4', { cpu: 128, nvidia_com_gpu: 0 })
   + capacity('cpu-node-1', { cpu: 64 });
 
+// The cluster view's count of GPU devices in a node's DRA ResourceSlices (`dra_node`; `node`
+// is the cluster agent's own, as on every gpuledger series).
+local draNode(node, devices) = t.gauge(
+  'gpuledger_dra_node_gpu_devices',
+  t.clusterTarget { node: 'gpuledger-cluster-0', dra_node: node, dra_driver_name: 'gpu.nvidia.com' },
+  devices,
+);
+// GPU nodes 1 and 2 by capacity; dra-node-1 has no GPU capacity, its GPUs only DRA
+// publishes; gpu-node-1 runs the DRA driver too (one node, counted once).
+local draCluster =
+  capacity('gpu-node-1', { cpu: 128, nvidia_com_gpu: 8 })
+  + capacity('gpu-node-2', { cpu: 128, nvidia_com_gpu: 8 })
+  + capacity('dra-node-1', { cpu: 128 })
+  + [draNode('dra-node-1', 4), draNode('gpu-node-1', 8)];
+local missing(n) =
+  '%d node(s) with GPUs (kube-state-metrics capacity or DRA ResourceSlices) have had no gpuledger node-agent target for %s: the DaemonSet has no pod there' % [n, c.exporterDownFor] + blind;
+
 t.file([
   t.scenario(
     'exporter down',
@@ -91,7 +108,7 @@ t.file([
       t.alert(
         'GpuLedgerExporterDown',
         {},
-        '1 node(s) with GPUs (kube-state-metrics) have had no gpuledger node-agent target for %s: the DaemonSet has no pod there' % c.exporterDownFor + blind,
+        missing(1),
       ),
     ],
   ),
@@ -104,6 +121,40 @@ t.file([
       t.gauge('up', t.nodeTarget { instance: '10.0.0.13:9402' }, 1),
       t.gauge('up', t.clusterTarget, 1),
     ],
+  ),
+
+  // Three GPU nodes, one of them DRA-only (no nvidia.com/gpu capacity): two agents are one
+  // short. gpu-node-1, known to both, counts once (else 4 - 2 = 2).
+  t.scenario(
+    'fewer node agents than GPU nodes, one of them DRA-only',
+    draCluster + [
+      t.gauge('up', t.nodeTarget, 1),
+      t.gauge('up', node2, 1),
+      t.gauge('up', t.clusterTarget, 1),
+    ],
+    fires=[t.alert('GpuLedgerExporterDown', {}, missing(1))],
+  ),
+
+  t.scenario(
+    'a node agent on every GPU node, one of them DRA-only: silent',
+    draCluster + [
+      t.gauge('up', t.nodeTarget, 1),
+      t.gauge('up', node2, 1),
+      t.gauge('up', t.nodeTarget { instance: '10.0.0.13:9402' }, 1),
+      t.gauge('up', t.clusterTarget, 1),
+    ],
+  ),
+
+  // No kube-state-metrics at all: the ResourceSlices alone say which nodes have GPUs.
+  t.scenario(
+    'DRA-only cluster without kube-state-metrics, an agent short',
+    [
+      draNode('dra-node-1', 4),
+      draNode('dra-node-2', 2),
+      t.gauge('up', t.nodeTarget, 1),
+      t.gauge('up', t.clusterTarget, 1),
+    ],
+    fires=[t.alert('GpuLedgerExporterDown', {}, missing(1))],
   ),
 
   // No node agent at all: absent() says so, once; the comparison stays out of it.

@@ -99,6 +99,22 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
       for g in gpus
     ],
 
+  // Kubernetes allocated this GPU to the pod's container through a DRA ResourceClaim: the
+  // allocation's resource is the driver, and gpuledger_dra_allocation_info names the claim.
+  draAllocation(pod, gpu, claim, device, namespace='ml', container='main')::
+    local key = nodeExporter { namespace: namespace, pod: pod, pod_uid: 'uid-' + pod, container: container, gpu_uuid: gpu };
+    [
+      t.gauge('gpuledger_gpu_allocation_info', key { resource: 'gpu.nvidia.com' }, 1),
+      t.gauge('gpuledger_dra_allocation_info', key {
+        dra_claim_namespace: namespace,
+        dra_claim_name: claim,
+        dra_driver_name: 'gpu.nvidia.com',
+        dra_pool_name: nodeExporter.node,
+        dra_device_name: device,
+        dra_share_id: '',
+      }, 1),
+    ],
+
   // gpuledger_gpu_allocated_unused / gpuledger_gpu_unallocated_use of one container and GPU.
   ledgerFlag(metric, pod, gpu, value=1, namespace='ml', workload='chat', container='vllm')::
     [t.gauge(metric, nodeExporter {

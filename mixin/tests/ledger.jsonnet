@@ -48,6 +48,17 @@ local migUnused = [
   t.gauge('gpuledger_gpu_allocated_unused', f.nodeExporter + migKey { gpu_uuid: 'MIG-m1', parent_gpu_uuid: 'GPU-m' }, 1),
 ];
 
+// DRA (Kubernetes 1.34): the trainer's process uses GPU-d2. allocated: its ResourceClaim
+// holds GPU-d2, so the exporter (PodResources dynamic_resources, resolved through the
+// node's ResourceSlices) says it is allocated; else the claim's allocation is absent.
+local draTrainer(allocated) =
+  (if allocated then f.draAllocation('trainer', 'GPU-d2', 'gpu-claim', 'gpu-2') else [])
+  + f.ledgerFlag('gpuledger_gpu_unallocated_use', 'trainer', 'GPU-d2', value=if allocated then 0 else 1, workload='trainer', container='main')
+  + (if allocated then f.ledgerFlag('gpuledger_gpu_allocated_unused', 'trainer', 'GPU-d2', value=0, workload='trainer', container='main') else [])
+  // A GPU pod by its claim (no nvidia.com/gpu request), placed and Ready.
+  + [t.gauge('gpuledger_pod_starting', f.nodeExporter { namespace: 'ml', pod: 'trainer', pod_uid: 'uid-trainer', workload: 'trainer' }, 0)]
+  + f.sources();
+
 local doubleBookingDescription(pod, rayNode, total, allocated) =
   'Ray node %s in pod ray/%s has advertised %d logical GPU(s) for %s, but Kubernetes allocated %d GPU(s) to the pod: Ray can schedule GPU actors onto GPUs the pod does not own (double booking).'
   % [rayNode, pod, total, c.rayGpusExceedAllocationFor, allocated];
@@ -119,6 +130,33 @@ t.file([
     ],
     // It requests no GPU, but uses one: a GPU workload without an engine.
     stages={ 'research/notebook-x': 'no_engine' },
+  ),
+
+  t.scenario(
+    'GPU used through its DRA claim: silent',
+    draTrainer(allocated=true),
+    stages={ 'ml/trainer': 'no_engine' },
+  ),
+
+  t.scenario(
+    'GPU used while its DRA allocation is absent',
+    draTrainer(allocated=false),
+    fires=[
+      t.alert(
+        'GpuLedgerGpuUnallocatedUse',
+        {
+          node: 'gpu-node-1',
+          namespace: 'ml',
+          workload: 'trainer',
+          pod: 'trainer',
+          pod_uid: 'uid-trainer',
+          container: 'main',
+          gpu_uuid: 'GPU-d2',
+        },
+        'Container main of pod ml/trainer (workload trainer) has been using GPU GPU-d2 on node gpu-node-1 for %s without Kubernetes allocating it to that container.' % c.gpuUnallocatedUseFor,
+      ),
+    ],
+    stages={ 'ml/trainer': 'no_engine' },
   ),
 
   t.scenario(

@@ -14,6 +14,15 @@ local pendingAlert = t.alert(
   + t.nextStep('pending_placement', 'insufficient_gpu'),
 );
 
+// The same replica, its GPUs asked through a ResourceClaim no node can satisfy (DRA).
+local claimPendingPod = f.pendingPod('chat-c', 'claim_unallocatable', 1);
+local claimPendingAlert = t.alert(
+  'GpuLedgerPodsPendingPlacement',
+  { namespace: 'ml', workload: 'chat', reason: 'claim_unallocatable' },
+  "1 GPU pod(s) of workload ml/chat have been pending placement for %s: no node has free devices that fit the pod's ResourceClaims (reason claim_unallocatable)." % c.podsPendingPlacementFor
+  + t.nextStep('pending_placement', 'claim_unallocatable'),
+);
+
 // A third replica placed on a node, loading its model: GPU containers not ready, engine down.
 local startingReplica = f.startingPod('chat-c') + f.engine('chat-c', up=0, gpus=['GPU-c']);
 local startingAlert = t.alert(
@@ -42,6 +51,12 @@ t.file(std.flattenArrays([
       s.engines + pendingPod,
       fires=[pendingAlert],
       stages={ 'ml/chat': 'pending_placement:insufficient_gpu' },
+    ),
+    t.scenario(
+      '%s while a replica cannot allocate its DRA claims: only the placement alert' % s.name,
+      s.engines + claimPendingPod,
+      fires=[claimPendingAlert],
+      stages={ 'ml/chat': 'pending_placement:claim_unallocatable' },
     ),
     t.scenario(
       '%s while a replica is starting: only the startup alert' % s.name,
