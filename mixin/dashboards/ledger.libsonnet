@@ -14,12 +14,17 @@ local g = import '../lib/dashboards.libsonnet';
     // The MIG devices of the selected GPUs.
     local migsOf = ['parent_gpu_uuid=~"$gpu"', 'parent_gpu_uuid!=""'],
     local migKey = 'node, parent_gpu_uuid, gpu_uuid',
+    // Allocations through a device plugin: those no DRA ResourceClaim made (every DRA
+    // allocation is also a gpuledger_gpu_allocation_info, its resource the driver).
+    local pluginAllocations(m) = '(gpuledger_gpu_allocation_info%s unless on (%s, node, gpu_uuid, pod_uid, container) gpuledger_dra_allocation_info%s)'
+                                 % [S(m), c.clusterLabel, S(m)],
+    local claimKey = 'dra_claim_namespace, dra_claim_name, dra_driver_name, dra_pool_name, dra_device_name, dra_share_id',
 
     'gpuledger-gpu-ledger.json': g.dashboard(
       c,
       'GPU Ledger / GPUs',
       c.dashboardUids.ledger,
-      'Per node and GPU UUID: allocated to and used by which pod and container, memory by pod on shared GPUs, allocated-unused and unallocated use, container device ordinals.',
+      'Per node and GPU UUID: allocated to and used by which pod and container (through a device plugin or a DRA ResourceClaim), memory by pod on shared GPUs, allocated-unused and unallocated use, container device ordinals.',
       [
         g.datasourceVariable,
         g.clusterVariable(c, 'gpuledger_gpu_info'),
@@ -120,6 +125,57 @@ local g = import '../lib/dashboards.libsonnet';
                 ['Value #D', 'Used, not allocated'],
               ],
               { 'Value #B': 'bytes' },
+            ),
+          ],
+        },
+        {
+          // Device plugin and DRA side by side: the same allocations as the table above,
+          // apart by how Kubernetes made them.
+          height: 8,
+          panels: [
+            g.table(
+              'Allocated through a device plugin',
+              'GPUs and MIG devices the kubelet gave a container through a device plugin (an extended resource such as nvidia.com/gpu in the pod spec): PodResources devices.',
+              'short',
+              [g.target('max by (%s, resource) %s' % [podKey, pluginAllocations([node, gpu, ns])])],
+              [
+                ['node', 'Node'],
+                ['gpu_uuid', 'GPU or MIG UUID'],
+                ['parent_gpu_uuid', 'GPU of the MIG device'],
+                ['namespace', 'Namespace'],
+                ['pod', 'Pod'],
+                ['container', 'Container'],
+                ['resource', 'Resource'],
+              ],
+            ) + g.width({}, 9),
+            g.table(
+              'Allocated through DRA ResourceClaims',
+              "GPUs and MIG devices the kubelet gave a container through a Kubernetes DRA ResourceClaim (PodResources dynamic_resources), resolved to their UUID through the node's ResourceSlices: the claim, the driver's pool and device name, and the share when several claims hold one device.",
+              'short',
+              [g.target('max by (%s, %s) (gpuledger_dra_allocation_info%s)' % [podKey, claimKey, S([node, gpu, ns])])],
+              [
+                ['node', 'Node'],
+                ['gpu_uuid', 'GPU or MIG UUID'],
+                ['parent_gpu_uuid', 'GPU of the MIG device'],
+                ['namespace', 'Namespace'],
+                ['pod', 'Pod'],
+                ['container', 'Container'],
+                ['dra_claim_namespace', 'Claim namespace'],
+                ['dra_claim_name', 'Claim'],
+                ['dra_driver_name', 'Driver'],
+                ['dra_pool_name', 'Pool'],
+                ['dra_device_name', 'Device'],
+                ['dra_share_id', 'Share'],
+              ],
+            ) + g.width({}, 9),
+            g.timeseries(
+              'Allocations: device plugin vs DRA',
+              'Container-GPU allocations per node, by how Kubernetes made them: a device plugin, or a DRA ResourceClaim.',
+              'short',
+              [
+                g.target('count by (node) %s' % pluginAllocations([node, gpu, ns]), '{{node}} device plugin'),
+                g.target('count by (node) (gpuledger_dra_allocation_info%s)' % S([node, gpu, ns]), '{{node}} DRA'),
+              ],
             ),
           ],
         },

@@ -4,7 +4,7 @@ local f = import 'tests/fixtures.libsonnet';
 local t = import 'tests/lib.libsonnet';
 
 local node = f.nodeExporter;
-local gpus = ['GPU-a', 'GPU-b', 'GPU-x', 'GPU-w1'];
+local gpus = ['GPU-a', 'GPU-b', 'GPU-x', 'GPU-w1', 'GPU-d'];
 local container(pod, gpu, namespace='ml', workload='chat', name='vllm') =
   node { namespace: namespace, pod: pod, pod_uid: 'uid-' + pod, container: name, workload: workload, gpu_uuid: gpu };
 
@@ -18,6 +18,9 @@ f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'], 
 // The ledger of gpu-node-1.
 + f.allocation('chat-a', ['GPU-a', 'GPU-x'])
 + f.allocation('chat-b', ['GPU-b'])
+// A trainer whose GPU came through a DRA ResourceClaim, beside the device-plugin pods.
++ f.draAllocation('trainer', 'GPU-d', 'gpu-claim', 'gpu-4')
++ f.ledgerFlag('gpuledger_gpu_allocated_unused', 'trainer', 'GPU-d', value=0, workload='trainer', container='main')
 + f.ledgerFlag('gpuledger_gpu_allocated_unused', 'chat-a', 'GPU-x')
 + f.ledgerFlag('gpuledger_gpu_unallocated_use', 'notebook-x', 'GPU-b', namespace='research', workload='notebook-x', container='jupyter')
 + [

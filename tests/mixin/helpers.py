@@ -37,6 +37,8 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_mig_device_info",
         # Kubernetes allocation and containers
         "gpuledger_gpu_allocation_info",
+        "gpuledger_dra_allocation_info",
+        "gpuledger_dra_node_gpu_devices",
         "gpuledger_container_device_info",
         "gpuledger_container_gpu_memory_used_bytes",
         "gpuledger_container_gpu_processes",

@@ -287,6 +287,64 @@ def test_source_state_shows_not_configured_apart_from_down(tmp_path: Path) -> No
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr
 
 
+def test_allocation_panels_show_device_plugin_and_dra_allocations_apart(tmp_path: Path) -> None:
+    """GPU ledger dashboard: the device-plugin table lists exactly the device-plugin
+    allocations of the synthetic cluster, the DRA table exactly the claim's (with its claim
+    and device), and the per-node counts tell the two apart."""
+    ledger = "gpuledger-gpu-ledger.json"
+    (plugin,) = _panel(ledger, "Allocated through a device plugin")["targets"]
+    (dra,) = _panel(ledger, "Allocated through DRA ResourceClaims")["targets"]
+    counts = _panel(ledger, "Allocations: device plugin vs DRA")["targets"]
+
+    def row(pod: str, gpu: str, **labels: str) -> str:
+        namespace, container = ("ray", "ray-worker") if pod.startswith("ray") else ("ml", "vllm")
+        base = {"node": "gpu-node-1", "gpu_uuid": gpu, "namespace": namespace, "pod": pod}
+        base |= {"container": container, **labels}
+        return "{" + ",".join(f'{k}="{base[k]}"' for k in sorted(base)) + "}"
+
+    nvidia = {"resource": "nvidia.com/gpu"}
+    claim = {
+        "container": "main",
+        "dra_claim_namespace": "ml",
+        "dra_claim_name": "gpu-claim",
+        "dra_driver_name": "gpu.nvidia.com",
+        "dra_pool_name": "gpu-node-1",
+        "dra_device_name": "gpu-4",
+        "dra_share_id": "",
+    }
+    # promtool drops empty labels from expected series as Prometheus does.
+    claim_row = row("trainer", "GPU-d", **claim).replace(',dra_share_id=""', "")
+    cases = [
+        (
+            plugin,
+            [
+                row("chat-a", "GPU-a", **nvidia),
+                row("chat-a", "GPU-x", **nvidia),
+                row("chat-b", "GPU-b", **nvidia),
+                row("ray-llm-worker-a", "GPU-w1", **nvidia),
+            ],
+        ),
+        (dra, [claim_row]),
+    ]
+    promql = [
+        {
+            "expr": substitute_grafana_variables(target["expr"]),
+            "eval_time": "30m",
+            "exp_samples": [{"labels": labels, "value": 1} for labels in expected],
+        }
+        for target, expected in cases
+    ] + [
+        {
+            "expr": substitute_grafana_variables(target["expr"]),
+            "eval_time": "30m",
+            "exp_samples": [{"labels": '{node="gpu-node-1"}', "value": value}],
+        }
+        for target, value in zip(counts, (4, 1), strict=True)
+    ]
+    assert [t["legendFormat"] for t in counts] == ["{{node}} device plugin", "{{node}} DRA"]
+    _promtool_test(tmp_path, promql)
+
+
 # ---------------------------------------------------------------------------- simulated data
 
 SIMULATED_TEXT = "SIMULATED DATA"
