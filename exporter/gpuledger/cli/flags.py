@@ -261,8 +261,8 @@ def _add_dra_flags(p: argparse.ArgumentParser) -> None:
     _flag(
         p,
         "--dra",
-        "Kubernetes DRA: read ResourceSlices (node) or ResourceClaims (cluster), on when "
-        "Kubernetes is (auto) or off",
+        "Kubernetes DRA: read this node's ResourceSlices (node), or ResourceClaims and "
+        "every node's ResourceSlices (cluster); on when Kubernetes is (auto) or off",
         env="DRA",
         shown_default="auto",
         type=_one_of("auto", "off"),
