@@ -25,6 +25,7 @@ from gpuledger.document.v1 import (
     PodDoc,
     ServeDeploymentDoc,
 )
+from gpuledger.engines import BY_NAME
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,16 @@ def _pct(ratio: float | None) -> str:
 
 
 def _name(engine: EngineDoc) -> str:
-    return f"{engine.namespace}/{engine.pod} engine {engine.engine or '?'}"
+    kind = f" ({engine.kind})" if engine.kind else ""
+    return f"{engine.namespace}/{engine.pod} engine {engine.engine or '?'}{kind}"
+
+
+def bound_flag(engine: EngineDoc) -> str:
+    """The flag that sets the engine's batch-slot bound (config `max_num_seqs`) in its
+    kind: --max-num-seqs, --max-running-requests, ..."""
+    kind = BY_NAME.get(engine.kind)
+    flags = [f for f, key in kind.flags.items() if key == "max_num_seqs"] if kind else []
+    return flags[0] if flags else "--max-num-seqs"
 
 
 def _waiting(engine: EngineDoc) -> float:
@@ -218,7 +228,7 @@ def engine_queue_reason(engine: EngineDoc, t: Thresholds) -> tuple[str, str]:
         return reason, f"{head}; all waiting requests are deferred by the engine"
     if reason == "max_num_seqs":
         limit = _max_num_seqs(engine)
-        return reason, f"{head}; running = --max-num-seqs {limit} with KV headroom"
+        return reason, f"{head}; running = {bound_flag(engine)} {limit} with KV headroom"
     return reason, head
 
 
