@@ -6,10 +6,10 @@ runs this scenario); the alerts on it are promtool cases (mixin/tests/engine.yam
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import pytest
 
+from gpuledger.document.v1 import EngineDoc
 from gpuledger.explain.chain import explain, render_text
 from gpuledger.sim.scenario import load_scenario
 from tests.conftest import REPO, pick, samples
@@ -25,8 +25,8 @@ def snapshot(phase: str | None) -> Snapshot:
     return take_snapshot(load_scenario(SCENARIO), phase, "gpuledger")
 
 
-def _engine(snap: Snapshot, pod: str) -> dict[str, Any]:
-    (found,) = [e for e in snap.document["engines"] if e["pod"] == pod]
+def _engine(snap: Snapshot, pod: str) -> EngineDoc:
+    (found,) = [e for e in snap.document.engines if e.pod == pod]
     return found
 
 
@@ -48,17 +48,17 @@ def test_each_kind_gets_its_stage(phase: str | None, sglang: tuple[str, str]) ->
 def test_each_kind_gets_its_queue_kv_config_and_gpus() -> None:
     snap = snapshot(None)
     sgl, vllm = _engine(snap, "qwen-sglang-0"), _engine(snap, "llama-0")
-    assert (sgl["kind"], vllm["kind"]) == ("sglang", "vllm")
-    assert (sgl["requests_running"], sgl["requests_waiting"]) == (4.0, 40.0)
-    assert sgl["kv_cache_usage_ratio"] == 0.3
-    assert sgl["config"]["max_num_seqs"] == "4"
-    assert sgl["config"]["tensor_parallel_size"] == "2"
-    assert sgl["config"]["model_path"] == "Qwen/Qwen2.5-7B-Instruct"
-    assert "sk-secret" not in str(sgl) and "port" not in vllm["config"]
-    assert [(g["role"], g["rank"]) for g in sgl["gpus"]] == [("worker", "0"), ("worker", "1")]
-    assert (sgl["gpus_configured"], sgl["gpus_in_use"]) == (2, 2)
-    assert (vllm["kv_cache_usage_ratio"], vllm["config"]["max_num_seqs"]) == (0.97, "256")
-    assert len(vllm["gpus"]) == 1
+    assert (sgl.kind, vllm.kind) == ("sglang", "vllm")
+    assert (sgl.requests_running, sgl.requests_waiting) == (4.0, 40.0)
+    assert sgl.kv_cache_usage_ratio == 0.3
+    assert sgl.config["max_num_seqs"] == "4"
+    assert sgl.config["tensor_parallel_size"] == "2"
+    assert sgl.config["model_path"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert "sk-secret" not in str(sgl) and "port" not in vllm.config
+    assert [(g.role, g.rank) for g in sgl.gpus] == [("worker", "0"), ("worker", "1")]
+    assert (sgl.gpus_configured, sgl.gpus_in_use) == (2, 2)
+    assert (vllm.kv_cache_usage_ratio, vllm.config["max_num_seqs"]) == (0.97, "256")
+    assert len(vllm.gpus) == 1
     current = samples(snap.exposition)
     kinds = {
         labels["pod"]: labels["engine_kind"]
@@ -72,7 +72,7 @@ def test_each_kind_gets_its_queue_kv_config_and_gpus() -> None:
 def test_priorities_and_the_underscore_spelling_read_the_same_totals() -> None:
     for phase in ("sglang-priority", "sglang-underscore"):
         sgl = _engine(snapshot(phase), "qwen-sglang-0")
-        assert (sgl["requests_running"], sgl["requests_waiting"], sgl["up"]) == (4.0, 40.0, True)
+        assert (sgl.requests_running, sgl.requests_waiting, sgl.up) == (4.0, 40.0, True)
 
 
 def test_explain_shows_the_kind_and_its_flag() -> None:
