@@ -127,8 +127,7 @@ def _pct(ratio: float | None) -> str:
 
 
 def _name(engine: EngineDoc) -> str:
-    kind = f" ({engine.kind})" if engine.kind else ""
-    return f"{engine.namespace}/{engine.pod} engine {engine.engine or '?'}{kind}"
+    return f"{engine.namespace}/{engine.pod} engine {engine.engine or '?'}"
 
 
 def bound_flag(engine: EngineDoc) -> str:
