@@ -60,7 +60,43 @@ local twoTargetSeries(rule, target) =
     ),
   ],
 
+  // An SGLang engine (qwen) beside a serving vLLM engine (chat).
+  sglangBesideVllm(waiting, running, kv)::
+    f.engine('qwen-a', workload='qwen', model='qwen', waiting=waiting, running=running, kv=kv, maxNumSeqs=4, gpus=['GPU-q0', 'GPU-q1'], tp=2, kind='sglang')
+    + f.engine('chat-a', waiting=0, running=3, kv=0.3, maxNumSeqs=256, gpus=['GPU-a']),
+
   tests:: [
+    // Issue 25: an SGLang engine (TP 2, its --max-running-requests is max_num_seqs, no
+    // waiting-by-reason series) beside a vLLM engine that serves, in another workload:
+    // the rules treat both kinds alike.
+    t.scenario(
+      'an SGLang engine at --max-running-requests with KV room, beside a serving vLLM engine',
+      $.sglangBesideVllm(40, 4, 0.3),
+      fires=[
+        t.alert(
+          'GpuLedgerEngineQueueingAtMaxNumSeqs',
+          f.engineKey('qwen-a', workload='qwen', model='qwen') { max_num_seqs: '4' },
+          '40 request(s) have been waiting in %s for %s while it runs max_num_seqs=4 requests and its KV cache is below %g%%: the max_num_seqs setting, not memory, bounds the batch, and no sibling engine has headroom.'
+          % [engineText('qwen-a', workload='qwen', model='qwen'), c.engineMaxNumSeqsFor, c.kvCacheHeadroomRatio * 100]
+          + t.nextStep('engine_queueing', 'max_num_seqs'),
+        ),
+      ],
+      stages={ 'ml/qwen': 'engine_queueing:max_num_seqs', 'ml/chat': 'serving' },
+    ),
+    t.scenario(
+      'an SGLang engine short of KV cache, beside a serving vLLM engine',
+      $.sglangBesideVllm(12, 3, 0.96),
+      fires=[
+        t.alert(
+          'GpuLedgerEngineQueueingKvCachePressure',
+          f.engineKey('qwen-a', workload='qwen', model='qwen'),
+          'Requests have been waiting in %s for %s with its KV cache 96%% full, and no sibling engine has headroom.' % [engineText('qwen-a', workload='qwen', model='qwen'), c.engineKvCachePressureFor]
+          + t.nextStep('engine_queueing', 'kv_cache'),
+        ),
+      ],
+      stages={ 'ml/qwen': 'engine_queueing:kv_cache', 'ml/chat': 'serving' },
+    ),
+
     t.scenario(
       'healthy: serving, nothing waits',
       f.engine('chat-a', waiting=0, running=3, kv=0.3, gpus=['GPU-a'], preemptionsPerMinute=6)

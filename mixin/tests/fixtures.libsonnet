@@ -43,7 +43,10 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
          gpus=[],
          preemptionsPerMinute=0,
          deferred=0,
-         target=null)::
+         target=null,
+         kind='vllm')::
+    // kind: the engine kind (engine_kind on config_info). SGLang has no waiting-by-reason
+    // series, and its --max-running-requests is max_num_seqs.
     local key = nodeExporter + $.engineKey(pod, namespace, workload, engine, model, target);
     [
       t.gauge('gpuledger_engine_up', key, up),
@@ -52,8 +55,9 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
         pipeline_parallel_size: std.toString(pp),
         data_parallel_size: '1',
         max_num_seqs: if maxNumSeqs == null then '' else std.toString(maxNumSeqs),
-        num_gpu_blocks: '4096',
-        block_size: '16',
+        block_size: if kind == 'vllm' then '16' else '',
+        num_gpu_blocks: if kind == 'vllm' then '4096' else '',
+        engine_kind: kind,
       }, 1),
       t.gauge('gpuledger_engine_gpus', key { state: 'configured' }, tp * pp),
     ]
@@ -66,8 +70,10 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
     + (if up == 1 then [
          t.gauge('gpuledger_engine_requests', key { state: 'waiting' }, waiting),
          t.gauge('gpuledger_engine_requests', key { state: 'running' }, running),
+       ] + (if kind == 'vllm' then [
          t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'capacity' }, waiting - deferred),
          t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'deferred' }, deferred),
+       ] else []) + [
          t.gauge('gpuledger_engine_kv_cache_usage_ratio', key, kv),
          t.counter('gpuledger_engine_preemptions_total', key, preemptionsPerMinute),
        ] else []),

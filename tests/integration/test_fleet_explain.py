@@ -153,7 +153,7 @@ def test_a_pod_is_explained_from_its_node_and_the_cluster_view_only(
     assert code == 0, err
     assert "workload serve/llama\n" in out
     assert "  pod serve/llama-0  uid cccccccc-5555-4666-8777-cccccccccccc  node gpu-node-7" in out
-    assert "    engine meta-llama/Llama-3.1-70B-Instruct  DP rank 0  up  TP 4 x PP 1" in out
+    assert "    engine vllm meta-llama/Llama-3.1-70B-Instruct  DP rank 0  up  TP 4 x PP 1" in out
     assert "ordinal 3 -> GPU-45000000-0000-4000-8000-000000000005  host index 5" in out
     assert "process 3003 VLLM::Worker_TP1  holds cuda:1 = GPU-43000000" in out
     assert "  verdict: ENGINE QUEUEING (requests wait inside the engine) — kv_cache" in out

@@ -114,6 +114,23 @@ VLLM_CELLS = [
          _upstream_with(Stream(b'other_metric{engine="0",instance="i"} 1\n', 200_000 * 40))),
 ]  # fmt: skip
 
+# The same hostile answers from an SGLang target, and bounds met with SGLang's lines: one
+# SGLang engine of three (a static target, so read for every kind until its body says).
+SGLANG_CELLS = [
+    *(c for c in VLLM_CELLS if c.fault != "wanted-lines-past-bound"),
+    Cell("wanted-lines-past-bound", "600 KiB of sglang: lines (the bound is 512 KiB)",
+         lambda _: Answer(Stream(b'sglang:num_queue_reqs{dp_rank="0"} 1\n', 600 * 1024)),
+         ("garbage",)),
+    Cell("underscore-lines-past-bound", "600 KiB of sglang_ lines (the same bound)",
+         lambda _: Answer(Stream(b'sglang_num_queue_reqs{dp_rank="0"} 1\n', 600 * 1024)),
+         ("garbage",)),
+    Cell("300-ranks", "300 data-parallel ranks (MAX_ENGINES_PER_TARGET is 256)",
+         lambda _: Answer(b"".join(b'sglang:num_running_reqs{dp_rank="%d"} 1\n' % i
+                                   for i in range(300))), ("garbage",)),
+    Cell("priority-parts", "its own exposition, then 5,000 priorities beside the total",
+         _upstream_with(Stream(b'sglang:num_queue_reqs{priority="7"} 9\n', 5_000 * 38))),
+]  # fmt: skip
+
 RAY_CELLS = [
     TRICKLE,
     BIG_DECLARED,
@@ -150,6 +167,7 @@ class Setup:
     proxy: HostileServer
     upstream: str
     baseline: frozenset[Any]
+    name: str = ""  # what its cells are reported under, when not the source's name
 
 
 def _all_up(current: list[Sample]) -> bool:
@@ -202,6 +220,39 @@ def vllm_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         node.close()
 
 
+@pytest.fixture(scope="module")
+def sglang_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    doc = full_node()
+    doc["engines"] = [
+        *({"kind": "vllm", **e} for e in doc.pop("vllm")),
+        {"kind": "vllm", "engines": [{"model_name": "m2", "running": 3}]},
+        {"kind": "sglang", "engines": [{"model_name": BAD_MODEL, "running": 5, "waiting": 2}]},
+    ]
+    proxy = HostileServer(Relay(""))
+    upstream: list[str] = []
+
+    def third_through_proxy(config: PipelineConfig) -> PipelineConfig:
+        *others, bad = config.engine_targets
+        upstream.append(base_of(bad))
+        proxy.behaviour = Relay(base_of(bad))
+        return dataclasses.replace(
+            config, engine_targets=(*others, proxy.url + bad.removeprefix(base_of(bad)))
+        )
+
+    node = Node(doc, tmp_path_factory.mktemp("sglang"), DEADLINE, adjust=third_through_proxy)
+    try:
+        baseline = series(node.until(lambda s: _all_up(s) and _engines_up(s) == 3))
+        kinds = {
+            labels.get("engine_kind")
+            for _, labels, _ in pick(node.scrape(), "gpuledger_engine_config_info")
+        }
+        assert kinds == {"vllm", "sglang"}
+        yield Setup(node, proxy, upstream[0], baseline, "sglang")
+    finally:
+        proxy.close()
+        node.close()
+
+
 def _engines_up(current: list[Sample]) -> int:
     return sum(1 for _, _, v in pick(current, "gpuledger_engine_up") if v == 1)
 
@@ -237,7 +288,7 @@ def _run(setup: Setup, cell: Cell, source: str, shown: Callable[[list[Sample]], 
         setup.proxy.behaviour = Relay(setup.upstream)
     recovered = node.cycle_and_scrape()
     counted = errors(second, source)
-    MEASURED[f"{source}-{cell.fault}"] = {
+    MEASURED[f"{setup.name or source}-{cell.fault}"] = {
         "how": cell.how,
         "reasons": sorted(r for r, n in counted.items() if n > before.get(r, 0)),
         "source_seconds": round(max(_duration(first, source), _duration(second, source)), 3),
@@ -252,6 +303,18 @@ def _run(setup: Setup, cell: Cell, source: str, shown: Callable[[list[Sample]], 
 
 @pytest.mark.parametrize("cell", VLLM_CELLS, ids=lambda c: c.fault)
 def test_vllm_one_hostile_engine_of_three(cell: Cell, vllm_setup: Setup) -> None:
+    _one_hostile_engine_of_three(cell, vllm_setup)
+
+
+@pytest.mark.parametrize("cell", SGLANG_CELLS, ids=lambda c: c.fault)
+def test_sglang_one_hostile_engine_of_three(cell: Cell, sglang_setup: Setup) -> None:
+    """An SGLang target beside two vLLM ones costs only its own series (the engines
+    source's `source` label stays "vllm", every kind's)."""
+    _one_hostile_engine_of_three(cell, sglang_setup)
+
+
+def _one_hostile_engine_of_three(cell: Cell, setup: Setup) -> None:
+    vllm_setup = setup
     node, baseline = vllm_setup.node, vllm_setup.baseline
     port = vllm_setup.proxy.url.rsplit(":", 1)[1]
     before = errors(node.scrape(), "vllm")

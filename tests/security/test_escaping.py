@@ -220,7 +220,7 @@ def test_explain_text_carries_no_control_characters(node: Node, tmp_path: Path) 
 
     document = from_json(json.loads(saved.read_text()))
     text = render_text(explain([document], pod=f"{NAMESPACE}/{POD}"))
-    assert "engine m" in text  # the engine line is there, with the name in it
+    assert "engine vllm m" in text  # the engine line is there, with the name in it
     forged = [c for c in text if not c.isprintable() and c != "\n"]
     assert not forged, f"raw control characters in explain output: {forged!r}"
     verdict_lines = [ln for ln in text.splitlines() if ln.lstrip().startswith("verdict:")]

@@ -8,9 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuledger.engines.kinds import EngineKind, EngineProcess, RayExecutor
+from gpuledger.engines.sglang import SGLANG
 from gpuledger.engines.vllm import VLLM
 
-KINDS: tuple[EngineKind, ...] = (VLLM,)
+# The first is the default of what names no kind (the scenario format's alias); a body
+# showing several kinds' series is the first's.
+KINDS: tuple[EngineKind, ...] = (VLLM, SGLANG)
 BY_NAME: Mapping[str, EngineKind] = {k.name: k for k in KINDS}
 # Every engine's retitled processes start with one of these.
 TITLE_PREFIXES: tuple[str, ...] = tuple(k.title_prefix for k in KINDS)
@@ -36,8 +39,15 @@ def parse_engine_title(title: str, pid: int = 0) -> EngineProcess | None:
 
 
 def flag_whitelist() -> dict[str, str]:
-    """Every kind's whitelisted API-server flags -> configuration key."""
-    return {flag: key for kind in KINDS for flag, key in kind.flags.items()}
+    """Every kind's whitelisted API-server flags -> configuration key. Raises when two
+    kinds read one flag as different keys (the command line is read before its kind is
+    known)."""
+    found: dict[str, str] = {}
+    for kind in KINDS:
+        for flag, key in kind.flags.items():
+            if found.setdefault(flag, key) != key:
+                raise ValueError(f"{flag} is {found[flag]} and {key}")
+    return found
 
 
 __all__ = [

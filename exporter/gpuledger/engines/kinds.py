@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 # The generic configuration keys (the config_info labels) the join itself reads.
 TENSOR_PARALLEL_SIZE = "tensor_parallel_size"
@@ -54,11 +55,15 @@ class ExpositionNames:
     # Counter sample names: with `_total`, and bare (a counter exposed without the
     # suffix, or untyped).
     preemptions: frozenset[str]
-    cache_config: str  # an info series; only cache_config_labels are kept
+    cache_config: str  # an info series; only cache_config_labels are kept; "" for none
     cache_config_labels: tuple[str, ...]
     model_label: str = "model_name"
     rank_label: str = "engine"  # the data-parallel rank; "0" where absent
     reason_label: str = "reason"
+    # A label that splits the value series into parts beside their total (SGLang's
+    # `priority`: the total under `priority=""`): only samples without it, or with it
+    # empty, are read, so the parts are never added to the total. "" for none.
+    split_label: str = ""
 
     @property
     def value_series(self) -> frozenset[str]:
@@ -72,7 +77,46 @@ class ExpositionNames:
         """Family name prefixes whose lines are parsed (a prefix covers its suffixed
         samples and siblings, e.g. waiting covers waiting_by_reason)."""
         bare = tuple(sorted({n.removesuffix("_total") for n in self.preemptions}))
-        return (self.running, self.waiting, *self.kv_usage, *bare, self.cache_config)
+        config = (self.cache_config,) if self.cache_config else ()
+        return (self.running, self.waiting, *self.kv_usage, *bare, *config)
+
+    def is_part(self, labels: Mapping[str, str]) -> bool:
+        """A sample of one part (one priority), not the total: not read."""
+        return bool(self.split_label and labels.get(self.split_label))
+
+
+Version = tuple[int, ...]
+Status = Literal["absent", "shown", "hidden", "removed"]
+
+
+def _bump(version: Version, releases: int) -> Version:
+    """The release `releases` minor versions after `version` (0.10 -> 0.11)."""
+    major, minor = (*version, 0, 0)[:2]
+    return (major, minor + releases)
+
+
+@dataclass(frozen=True)
+class MetricName:
+    """One engine series name and the releases that expose it (a kind's version map).
+
+    `deprecated`: the release that deprecated it. The kind's deprecation rule (vLLM's)
+    is that it is still shown there, hidden in the next release (shown only with the
+    engine's escape-hatch flag) and removed in the one after. `after_event`: no sample
+    until its event first happens (a labelled counter in a multiprocess registry), so a
+    capture may rightly lack it.
+    """
+
+    name: str
+    since: Version = ()
+    deprecated: Version | None = None
+    after_event: bool = False
+
+    def status(self, version: Version) -> Status:
+        if version < self.since:
+            return "absent"
+        if self.deprecated is None or version <= self.deprecated:
+            return "shown"
+        return "hidden" if version < _bump(self.deprecated, 2) else "removed"
 
 
 @dataclass(frozen=True)
@@ -109,10 +153,17 @@ class EngineKind:
     path_annotation: str
     scheme_annotation: str
     ray: RayExecutor | None = None
+    # Every /metrics name gpuledger reads or its docs cite, by release: the kind's one
+    # version map (tests/unit/test_version_maps.py holds it to every capture).
+    versions: tuple[MetricName, ...] = ()
 
     @property
     def markers(self) -> tuple[str, ...]:
         return tuple(m.marker for m in self.metrics)
+
+    def names_shown(self, version: Version) -> tuple[MetricName, ...]:
+        """The mapped names an exposition of `version` shows by default."""
+        return tuple(n for n in self.versions if n.status(version) == "shown")
 
 
 _PART = re.compile(r"_([A-Z]+)(\d+)")

@@ -14,6 +14,7 @@ from gpuledger.engines.kinds import (
     EngineKind,
     EngineProcess,
     ExpositionNames,
+    MetricName,
     RayExecutor,
     title_ranks,
 )
@@ -36,6 +37,26 @@ METRICS = ExpositionNames(
     # Grows a label every release: only these survive.
     cache_config="vllm:cache_config_info",
     cache_config_labels=("num_gpu_blocks", "block_size"),
+)
+
+
+# The version map: every name above, and those the docs cite, by release. vLLM's rule
+# (docs/usage/metrics.md): deprecated in X.Y, hidden in X.Y+1 (back with
+# --show-hidden-metrics-for-version=X.Y), removed in X.Y+2. `since` () is every release
+# gpuledger reads; a dated one is the release the name came in.
+VERSIONS: tuple[MetricName, ...] = (
+    MetricName("vllm:num_requests_running"),
+    MetricName("vllm:num_requests_waiting"),
+    MetricName("vllm:num_requests_waiting_by_reason", since=(0, 20)),
+    MetricName("vllm:kv_cache_usage_perc", since=(0, 10)),
+    # Deprecated for kv_cache_usage_perc (vLLM #18354), shown in 0.10, removed in 0.12
+    # (vLLM #29330).
+    MetricName("vllm:gpu_cache_usage_perc", deprecated=(0, 10)),
+    MetricName("vllm:num_preemptions_total"),
+    MetricName("vllm:cache_config_info"),
+    # Cited by docs/metrics.md beside the queue (the engine's own histograms).
+    MetricName("vllm:request_queue_time_seconds"),
+    MetricName("vllm:time_to_first_token_seconds"),
 )
 
 
@@ -89,4 +110,5 @@ VLLM = EngineKind(
         worker_name=re.compile(r"^vllm_Worker_([^_]+)((?:_[A-Z]+\d+)*)$"),
         worker_prefix="vllm_Worker_",
     ),
+    versions=VERSIONS,
 )

@@ -732,11 +732,16 @@ def _serve_lines(deployments: Iterable[ServeEntry]) -> list[str]:
     return lines
 
 
+def _kind(e: EngineEntry) -> str:
+    """`sglang ` / `vllm `: the engine's kind before its model; none while unknown."""
+    return f"{e.kind} " if e.kind else ""
+
+
 def _engine_lines(e: EngineEntry) -> list[str]:
     c = e.config
     status = "up" if e.up else "NOT ANSWERING"
     lines = [
-        f"    engine {e.model_name or '?'}  DP rank {e.engine or '?'}  {status}  "
+        f"    engine {_kind(e)}{e.model_name or '?'}  DP rank {e.engine or '?'}  {status}  "
         f"TP {c.get('tensor_parallel_size', '?')} x PP {c.get('pipeline_parallel_size', '?')}"
         f"  max_num_seqs {c.get('max_num_seqs') or '?'}  "
         f"KV blocks {c.get('num_gpu_blocks') or '?'} x {c.get('block_size') or '?'}"

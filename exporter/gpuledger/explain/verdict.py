@@ -25,6 +25,7 @@ from gpuledger.document.v1 import (
     PodDoc,
     ServeDeploymentDoc,
 )
+from gpuledger.engines import BY_NAME
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,14 @@ def _name(engine: EngineDoc) -> str:
     return f"{where} engine {engine.engine or '?'}"
 
 
+def bound_flag(engine: EngineDoc) -> str:
+    """The flag that sets the engine's batch-slot bound (config `max_num_seqs`) in its
+    kind: --max-num-seqs, --max-running-requests, ..."""
+    kind = BY_NAME.get(engine.kind)
+    flags = [f for f, key in kind.flags.items() if key == "max_num_seqs"] if kind else []
+    return flags[0] if flags else "--max-num-seqs"
+
+
 def _waiting(engine: EngineDoc) -> float:
     return float(engine.requests_waiting or 0)
 
@@ -224,7 +233,7 @@ def engine_queue_reason(engine: EngineDoc, t: Thresholds) -> tuple[str, str]:
         return reason, f"{head}; all waiting requests are deferred by the engine"
     if reason == "max_num_seqs":
         limit = _max_num_seqs(engine)
-        return reason, f"{head}; running = --max-num-seqs {limit} with KV headroom"
+        return reason, f"{head}; running = {bound_flag(engine)} {limit} with KV headroom"
     return reason, head
 
 

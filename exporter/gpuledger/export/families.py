@@ -604,7 +604,7 @@ ENGINE_CONFIG_INFO: Final = declare(
     cap="MAX_ENGINES",
     budget=(Budget(NODE, "256", "one per engine", 256),),
     meaning=(
-        "1. `engine_kind`: the engine kind that answered (`vllm`; empty while a target of"
+        "1. `engine_kind`: the engine kind that answered (`vllm`, `sglang`; empty while a target of"
         " unknown kind has never answered). Parallelism and `max_num_seqs` from the"
         " whitelisted flags of the API server's command line (the kind's default, vLLM's"
         " `1`, for an absent parallelism flag; empty "

@@ -136,9 +136,14 @@ def _ranked(items: Sequence[tuple[EngineProcess, int]]) -> Mapping[int, tuple[En
 def _server_flags(
     info: ProcessInfo, mine: Sequence[tuple[EngineProcess, int]]
 ) -> Mapping[str, str]:
-    """The API server's whitelisted flags over the defaults of its processes' kind."""
+    """The API server's whitelisted flags over the defaults of its processes' kind; of
+    the flags every kind whitelists, only its kind's (an SGLang server's --port is not
+    read for vLLM)."""
     kind = BY_NAME.get(mine[0][0].kind) if mine else None
-    return frozen_map({**(kind.flag_defaults if kind is not None else {}), **info.flags})
+    if kind is None:
+        return frozen_map(info.flags)
+    own = set(kind.flags.values())
+    return frozen_map({**kind.flag_defaults, **{k: v for k, v in info.flags.items() if k in own}})
 
 
 def group_engine_processes(procs: Mapping[int, ProcessInfo]) -> dict[str, _ProcessGroup]:

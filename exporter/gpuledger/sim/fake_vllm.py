@@ -21,7 +21,7 @@ import math
 import socket
 import threading
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal, get_args
@@ -30,6 +30,8 @@ from gpuledger.model import frozen_map
 
 __all__ = [
     "FAULTS",
+    "KIND",
+    "STYLES",
     "FakeEngine",
     "FakeVllmServer",
     "Fault",
@@ -37,7 +39,10 @@ __all__ = [
     "render_exposition",
 ]
 
+# The engine kind this fake is (gpuledger.engines), and its styles, the default first.
+KIND = "vllm"
 Style = Literal["0.32", "0.10"]
+STYLES: tuple[Style, ...] = get_args(Style)
 Fault = Literal[
     "ok",  # 200 with the rendered exposition (gzip when the client accepts it)
     "hang",  # accept the connection, never answer
@@ -57,7 +62,11 @@ DEFAULT_CREATED = 1.7959403479e09
 
 @dataclass(frozen=True)
 class FakeEngine:
-    """One engine's state. `waiting_by_reason` empty: all waiting count as capacity."""
+    """One engine's state. `waiting_by_reason` empty: all waiting count as capacity.
+
+    Another kind's fake renders the same state (sim/fake_sglang.py): `style` is then
+    one of its styles, and the fields it has no series for are unused.
+    """
 
     model_name: str = "tiny"
     engine: int = 0
@@ -68,7 +77,7 @@ class FakeEngine:
     preemptions_total: float = 0.0
     num_gpu_blocks: int = 8192
     block_size: int = 128
-    style: Style = "0.32"
+    style: str = "0.32"
 
     def reasons(self) -> Mapping[str, float]:
         if self.waiting_by_reason:
@@ -451,6 +460,8 @@ def render_exposition(engines: Sequence[FakeEngine], *, created: float = DEFAULT
     if len(styles) > 1:
         raise ValueError("all engines behind one endpoint must share a style")
     style = styles.pop() if styles else "0.32"
+    if style not in STYLES:
+        raise ValueError(f"style {style!r} is none of {', '.join(STYLES)}")
     lines: list[str] = []
     if style == "0.32":
         families = _PROCESS_FAMILIES + _V032_FAMILIES + _HTTP_FAMILIES
@@ -528,7 +539,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault == "slow" and owner._stopping.wait(owner.slow_seconds):
             return
-        body = render_exposition(engines).encode()
+        body = owner.render(engines).encode()
         if fault == "truncated":
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -613,8 +624,12 @@ class FakeVllmServer:
         slow_seconds: float = 2.0,
         huge_bytes: int = 32 * 1024 * 1024,
         host: str = "127.0.0.1",
+        render: Callable[[Sequence[FakeEngine]], str] = render_exposition,
     ) -> None:
-        render_exposition(engines)  # fail fast on mixed styles
+        """`render`: the exposition of the engines, of this fake's kind by default (the
+        HTTP side and its faults are every kind's)."""
+        self.render = render
+        render(engines)  # fail fast on mixed styles
         # Any 127.0.0.0/8 address works on Linux: the harness gives each pod its own.
         self.host = host
         self._engines: tuple[FakeEngine, ...] = tuple(engines)
@@ -663,7 +678,7 @@ class FakeVllmServer:
 
     # -- live changes
     def set_engines(self, engines: Sequence[FakeEngine]) -> None:
-        render_exposition(engines)
+        self.render(engines)
         with self._lock:
             self._engines = tuple(engines)
 

@@ -12,7 +12,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from gpuledger.document.v1 import LedgerDocument
 from gpuledger.engines import BY_NAME, KINDS
 from gpuledger.export.document import ledger_document
 from gpuledger.pipeline import Pipeline, PipelineConfig
+from gpuledger.sim import fake_sglang, fake_vllm
 from gpuledger.sim.fake_apiserver import (
     FakeApiServer,
     make_pod,
@@ -333,6 +334,12 @@ def _ray_workload(scenario: Scenario) -> tuple[str, str]:
     return namespace, name
 
 
+# Each engine kind's fake exposition; the HTTP side and its faults are shared.
+RENDERERS: Mapping[str, Callable[[Sequence[FakeEngine]], str]] = {
+    fake.KIND: fake.render_exposition for fake in (fake_vllm, fake_sglang)
+}
+
+
 def fake_engines(sim: SimEngineServer) -> list[FakeEngine]:
     return [
         FakeEngine(
@@ -345,7 +352,7 @@ def fake_engines(sim: SimEngineServer) -> list[FakeEngine]:
             preemptions_total=e.preemptions_total,
             num_gpu_blocks=e.num_gpu_blocks,
             block_size=e.block_size,
-            style=sim.style,  # type: ignore[arg-type]
+            style=sim.style,
         )
         for e in sim.engines
     ]
@@ -400,6 +407,7 @@ class SimulatedNode:
                 fake_engines(sim),
                 fault=sim.fault,  # type: ignore[arg-type]
                 host=host,
+                render=RENDERERS[sim.kind],
             )
             self.engines[sim.key] = server.start()
         if scenario.pods is not None and self.in_cluster:

@@ -19,6 +19,7 @@ import yaml
 
 from gpuledger.engines import BY_NAME, DEFAULT_RAY_DRIVER, KINDS
 from gpuledger.model import frozen_map
+from gpuledger.sim import fake_sglang, fake_vllm
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
 _UNITS = {
@@ -122,6 +123,10 @@ POD_KEYS = frozenset(
     }
 )
 CONTAINER_KEYS = frozenset({"name", "id", "gpus", "gpu_resource"})
+# Each engine kind's simulated exposition styles (its fake's), the default first.
+STYLES: Mapping[str, tuple[str, ...]] = {
+    fake.KIND: tuple(fake.STYLES) for fake in (fake_vllm, fake_sglang)
+}
 OWNER_KEYS = frozenset({"kind", "name"})
 PENDING_KEYS = frozenset({"reason", "message"})
 PODRESOURCES_KEYS = frozenset({"allocations", "dynamic", "fault"})
@@ -942,9 +947,10 @@ def _engine_server(doc: object, at: _Path, position: int, kind: str | None) -> S
     fault = d.get("fault", "ok")
     if fault not in ENGINE_FAULTS:
         raise (at / "fault").fail(f"one of {', '.join(ENGINE_FAULTS)}", fault)
-    style = str(d.get("style", "0.32"))
-    if style not in ("0.32", "0.10"):
-        raise (at / "style").fail("0.32 or 0.10", style)
+    styles = STYLES[kind]
+    style = str(d.get("style", styles[0]))
+    if style not in styles:
+        raise (at / "style").fail(f"one of {', '.join(styles)} for {kind}", style)
     engines = tuple(
         _engine(e, at / "engines" / i)
         for i, e in enumerate(_list(d.get("engines") or [{}], at / "engines"))

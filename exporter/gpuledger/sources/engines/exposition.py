@@ -337,9 +337,9 @@ def read_engines(relevant: str, names: ExpositionNames) -> tuple[EngineMetrics, 
     configs: _Configs = {}
     value_series = names.value_series
     for name, labels, raw in _samples(relevant):
-        if name == names.cache_config:
+        if names.cache_config and name == names.cache_config:
             _add_config(configs, names, labels)
-        elif name in value_series:
+        elif name in value_series and not names.is_part(labels):
             key = (labels.get(names.model_label, ""), labels.get(names.rank_label, "0"))
             _set_value(_builder(builders, key), names, name, labels, raw)
     declared = _declared(relevant)
