@@ -71,9 +71,9 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
          t.gauge('gpuledger_engine_requests', key { state: 'waiting' }, waiting),
          t.gauge('gpuledger_engine_requests', key { state: 'running' }, running),
        ] + (if kind == 'vllm' then [
-         t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'capacity' }, waiting - deferred),
-         t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'deferred' }, deferred),
-       ] else []) + [
+              t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'capacity' }, waiting - deferred),
+              t.gauge('gpuledger_engine_requests_waiting_by_reason', key { reason: 'deferred' }, deferred),
+            ] else []) + [
          t.gauge('gpuledger_engine_kv_cache_usage_ratio', key, kv),
          t.counter('gpuledger_engine_preemptions_total', key, preemptionsPerMinute),
        ] else []),

@@ -54,7 +54,7 @@ def test_explain_by_gpu_gives_the_saturated_engine_and_its_verdict() -> None:
     text = render_text(result)
     assert "host process 2001 VLLM::EngineCore (in no pod)" in text
     assert "workload vllm-a.service\n" in text
-    assert f"engine {MODEL_A}  DP rank 0  up  TP 1 x PP 1  max_num_seqs 4" in text
+    assert f"engine vllm {MODEL_A}  DP rank 0  up  TP 1 x PP 1  max_num_seqs 4" in text
     assert "queue: 40 waiting, 4 running, KV cache 30%" in text
     assert f"engine core rank 0 holds {GPU_A}" in text
     assert "running = --max-num-seqs 4 with KV headroom" in text
