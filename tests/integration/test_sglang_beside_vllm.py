@@ -53,7 +53,7 @@ def test_each_kind_gets_its_queue_kv_config_and_gpus() -> None:
     assert sgl.kv_cache_usage_ratio == 0.3
     assert sgl.config["max_num_seqs"] == "4"
     assert sgl.config["tensor_parallel_size"] == "2"
-    assert sgl.config["model_path"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert "model_path" not in sgl.config  # a model path is never kept (docs/security.md)
     assert "sk-secret" not in str(sgl) and "port" not in vllm.config
     assert [(g.role, g.rank) for g in sgl.gpus] == [("worker", "0"), ("worker", "1")]
     assert (sgl.gpus_configured, sgl.gpus_in_use) == (2, 2)

@@ -127,8 +127,6 @@ SGLANG = EngineKind(
         "--max-running-requests": "max_num_seqs",
         "--mem-fraction-static": "mem_fraction_static",
         "--served-model-name": "served_model_name",
-        "--model-path": "model_path",
-        "--model": "model_path",
         "--port": "port",
     },
     # Absent flags: argparse's defaults. --max-running-requests and
