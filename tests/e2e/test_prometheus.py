@@ -449,6 +449,18 @@ def test_every_dashboard_variable_offers_values(stack: Stack) -> None:
         assert values["cluster"] == [CLUSTER_NAME], path.name
 
 
+# Panels these scenarios have no data for yet (no multi-GPU engine with a placement, no DRA
+# node): tests/mixin/test_dashboards.py answers them exactly on its synthetic series.
+SYNTHETIC_ONLY = frozenset(
+    {
+        "Weakest link among an engine's GPUs",
+        "Weakest link among a Ray-executor engine's ranks per node",
+        "Allocated through DRA ResourceClaims",
+        "Allocations: device plugin vs DRA",
+    }
+)
+
+
 def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     """Every panel query, with the variables at All, answers without error and with data
     (the `or vector(0)` fallback removed); and for each variable a query uses, some value
@@ -462,6 +474,8 @@ def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     }
     problems = []
     for name, title, expr in queries:
+        if title in SYNTHETIC_ONLY:
+            continue
         where = f"{name}: {title}: {' '.join(expr.split())}"
         try:
             if not prom.query(substitute(expr, {})):
