@@ -53,6 +53,11 @@ GIB = 2**30
 UUIDS = [f"GPU-7e000000-0000-4000-8000-00000000000{i}" for i in range(TP)]
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
+# The EngineCore's parent, as `vllm serve --tensor-parallel-size N` is: the API server whose
+# whitelisted flags the exporter reads (its engine's configuration, identity rule 6).
+API_SERVER = (
+    "import subprocess, sys; sys.exit(subprocess.call(sys.argv[sys.argv.index('--') + 1 :]))"
+)
 DRIVER = r"""
 import json, os, sys, time
 import ray
@@ -108,7 +113,11 @@ class Driver:
         self.head = head
         with (head.tmp / f"driver-{executor}.log").open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", DRIVER, head.gcs, "VLLM::EngineCore", executor, str(TP)],
+                [
+                    *(sys.executable, "-c", API_SERVER, "--tensor-parallel-size", str(TP), "--"),
+                    *(sys.executable, "-c", DRIVER, head.gcs, "VLLM::EngineCore", executor),
+                    str(TP),
+                ],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 env=head.env, text=True, start_new_session=True,
             )  # fmt: skip
