@@ -52,7 +52,9 @@ DEADLINE = 2.0  # vLLM gets 1 s of it, Ray 1.6 s a request
 RSS_DRIFT = 16 * MIB
 RSS_PEAK = 48 * MIB
 SLACK = 1
-PEERS = 4
+# Peers a cycle may hold a socket to at once: Ray, Serve, the engines, the API server for
+# pods, and the API server again for ResourceSlices (the DRA source).
+PEERS = 5
 ENVELOPE = b'{"result": true, "msg": "", "data": {"result": {"result": ['
 
 VLLM_ROTATION: list[Behaviour] = [
