@@ -15,17 +15,21 @@ from gpuledger.engines.sglang import SGLANG
 from gpuledger.engines.vllm import VLLM
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE = ROOT.parent / "shared" / "reference"
 SGLANG_FIXTURES = ROOT / "tests" / "fixtures" / "sglang"
 VLLM_FIXTURES = ROOT / "tests" / "fixtures" / "vllm"
 
-# Every capture of a real engine, with the kind and release that served (or rendered) it.
-# ../shared/reference is not in every checkout: its vLLM 0.32 metrics.txt is also kept
-# verbatim as tests/fixtures/vllm/vllm-0.32.txt (test_vllm_parse checks the hash).
+# Every capture of a real engine, with the kind and release that served (or rendered) it:
+# the ../shared/reference captures are kept verbatim in tests/fixtures/vllm (README there).
 CAPTURES: list[tuple[Path, EngineKind, Version]] = [
-    *((p, VLLM, (0, 32)) for p in sorted(REFERENCE.glob("vllm-0.32*/metrics.txt"))),
-    *((p, VLLM, (0, 32)) for p in sorted(REFERENCE.glob("vllm-0.32*/vllm_metrics_*.txt"))),
-    (VLLM_FIXTURES / "vllm-0.32.txt", VLLM, (0, 32)),
+    *(
+        (VLLM_FIXTURES / name, VLLM, (0, 32))
+        for name in (
+            "vllm-0.32.txt",  # ../shared/reference/vllm-0.32-cpu/metrics.txt
+            "vllm-0.32-otlp-after.txt",
+            "vllm-0.32-ray-under-load-1.txt",
+            "vllm-0.32-ray-under-load-2.txt",
+        )
+    ),
     (SGLANG_FIXTURES / "sglang-0.5.23.txt", SGLANG, (0, 5, 23)),
     (SGLANG_FIXTURES / "sglang-0.5.23-priority-dp1.txt", SGLANG, (0, 5, 23)),
 ]
@@ -57,10 +61,9 @@ def test_every_name_the_release_shows_is_in_its_capture(
     assert gone == []
 
 
-def test_the_reference_captures_are_there_when_shared_is() -> None:
-    if not REFERENCE.is_dir():
-        pytest.skip("../shared/reference is not in this checkout")
-    assert sum(1 for c in CAPTURES if REFERENCE in c[0].parents) >= 3
+def test_every_reference_capture_is_checked() -> None:
+    assert len([c for c in CAPTURES if c[1] is VLLM]) == 4
+    assert all(path.is_file() for path, _, _ in CAPTURES)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
