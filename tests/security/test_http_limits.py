@@ -3,6 +3,7 @@ against a server that trickles (each read returns in time, the whole never ends)
 server bounds the requests it works on at once and keeps answering /healthz.
 
 Clients: the vLLM scraper, the Ray state client, the pod informer's lists (Kubernetes),
+the DRA source's ResourceSlice lists,
 the kubelet PodResources client (gRPC: one deadline per call, a receive-size limit), and
 `gpuledger explain --from` (fetch_document).
 """
@@ -10,6 +11,7 @@ the kubelet PodResources client (gRPC: one deadline per call, a receive-size lim
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -25,6 +27,7 @@ from gpuledger.model.engines import EngineTarget
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sources.base import SourceError, SourceRunner
 from gpuledger.sources.engines.source import EngineScraper
+from gpuledger.sources.kubernetes.dra import MAX_DEVICES, DraSource
 from gpuledger.sources.kubernetes.pods import PodInformer
 from gpuledger.sources.podresources import PodResourcesSource
 from gpuledger.sources.ray.state import RayStateClient
@@ -80,12 +83,31 @@ def kubernetes_fetch(url: str) -> str | None:
     return None if status.up else status.error_reason
 
 
+def dra_fetch(url: str) -> str | None:
+    """The DRA source's list of this node's ResourceSlices (resource.k8s.io/v1)."""
+    configuration = kubernetes.client.Configuration(host=url)
+    configuration.retries = 0
+    source = DraSource(
+        "node",
+        node_name="n1",
+        api_client=kubernetes.client.ApiClient(configuration),
+        timeout_seconds=TIMEOUT,
+        max_page_bytes=CAP,
+    )
+    try:
+        source.fetch()
+    except SourceError as exc:
+        return exc.reason
+    return None
+
+
 CLIENTS: dict[str, Callable[[str], str | None]] = {
     "vllm": vllm_fetch,
     "ray": ray_fetch,
     "kubernetes": kubernetes_fetch,
+    "dra": dra_fetch,
 }
-TOO_LARGE = {"vllm": "too_large", "ray": "too_large", "kubernetes": "too_large"}
+TOO_LARGE = {"vllm": "too_large", "ray": "too_large", "kubernetes": "too_large", "dra": "too_large"}
 
 
 @pytest.fixture
@@ -124,6 +146,59 @@ def test_time_limit_holds_against_a_trickling_server(
     assert CLIENTS[client](server.url) == "timeout"
     took = time.monotonic() - started
     assert took < TIMEOUT + SLACK, f"{client} took {took:.1f}s against a {TIMEOUT}s limit"
+
+
+def _slices_server(body: bytes) -> Any:
+    """An API server answering every request with `body` (a ResourceSlice list page)."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"items": [{"spec": ', "bad_response"),  # cut off mid-object
+        (b"<html>proxy error</html>", "bad_response"),
+        (b'{"kind": "ResourceSliceList"}', "bad_response"),  # no items
+        (b"[" * 100_000 + b"]" * 100_000, "bad_response"),  # deep nesting
+    ],
+    ids=["truncated", "html", "no-items", "deep-nesting"],
+)
+def test_dra_source_malformed_slice_lists_are_a_one_line_error(body: bytes, reason: str) -> None:
+    server = _slices_server(body)
+    try:
+        found = dra_fetch(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+    assert found == reason
+
+
+def test_dra_source_refuses_a_flood_of_devices() -> None:
+    # One slice naming more GPU devices than a node can have: refused whole, not cut.
+    device = {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-0"}}}
+    item = {"spec": {"driver": "gpu.nvidia.com", "pool": {"name": "n1"}, "nodeName": "n1",
+                     "devices": [device] * (MAX_DEVICES + 1)}}  # fmt: skip
+    body = json.dumps({"items": [item], "metadata": {}}).encode()
+    server = _slices_server(body)
+    try:
+        found = dra_fetch(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+    assert found == "too_large"
 
 
 @pytest.fixture

@@ -323,6 +323,8 @@ class DraSource(Source[DraSnapshot]):
             raise SourceError(
                 "timeout", f"the Kubernetes API {host} did not list in time"
             ) from None
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+            raise SourceError("bad_response", f"the Kubernetes API {host} sent no list") from None
         finally:
             response.release_conn()
         items = body.get("items") if isinstance(body, Mapping) else None
