@@ -71,7 +71,7 @@ def skeleton() -> dict[str, Any]:
             "slices": [{"devices": [{"name": "gpu-0", "gpu": GPU}]}],
             "claims": [{"name": "c"}],
         },
-        "engines": [{"kind": "vllm", "pod": "default/p", "engines": [{}]}],
+        "engines": [{"kind": "sglang", "pod": "default/p", "engines": [{}], "server_info": {}}],
         "ray": {
             "nodes": [{"name": "head"}],
             "actors": [{}],

@@ -3,13 +3,14 @@ its titles, flags and discovery (tests/fixtures/sglang/README.md)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from gpuledger.engines import BY_NAME, KINDS, flag_whitelist, is_engine_title, parse_engine_title
 from gpuledger.engines.kinds import EngineProcess
-from gpuledger.engines.sglang import METRICS, SGLANG
+from gpuledger.engines.sglang import METRICS, SGLANG, parse_server_info
 from gpuledger.ledger.engines import group_engine_processes
 from gpuledger.model.procfs import ProcessInfo
 from gpuledger.sources.engines.discovery import discover_targets
@@ -171,3 +172,54 @@ def test_discovery_by_the_sglang_annotation() -> None:
     )
     assert (target.kind, target.url) == ("sglang", "http://10.0.0.1:30000/metrics")
     assert BY_NAME["sglang"] is SGLANG
+
+
+SERVER_INFO = FIXTURES / "sglang-0.5.23-server_info.constructed.json"
+
+
+def test_server_info_gives_the_resolved_configuration_and_the_effective_bound() -> None:
+    info = parse_server_info(SERVER_INFO.read_bytes())
+    assert dict(info.config) == {
+        "tensor_parallel_size": "2",
+        "data_parallel_size": "1",
+        "pipeline_parallel_size": "1",
+        "max_num_seqs": "4",
+        "mem_fraction_static": "0.88",
+        "served_model_name": QWEN,
+    }
+    assert info.effective_max_num_seqs == "4"
+
+
+def test_server_info_keeps_no_key_it_does_not_name() -> None:
+    document = json.loads(SERVER_INFO.read_bytes())
+    canary = "sk-canary-9f1d"
+    document.update(api_key=canary, admin_api_key=canary, launch_command=f"--api-key {canary}")
+    document["internal_states"][0]["env_vars"] = {"HF_TOKEN": canary}
+    assert canary not in repr(parse_server_info(json.dumps(document).encode()))
+
+
+def test_ranks_that_disagree_on_their_bound_leave_it_unknown() -> None:
+    document = json.loads(SERVER_INFO.read_bytes())
+    state = document["internal_states"][0]
+    document["internal_states"] = [
+        {**state, "effective_max_running_requests_per_dp": 4},
+        {**state, "effective_max_running_requests_per_dp": 6},
+    ]
+    document["max_running_requests"] = None
+    info = parse_server_info(json.dumps(document).encode())
+    assert info.effective_max_num_seqs is None and "max_num_seqs" not in info.config
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"<html>sk-secret</html>", b"[1, 2]", b"[" * 100_000, b'{"tp_size": '],
+)
+def test_a_body_that_is_no_server_info_is_refused_without_quoting_it(body: bytes) -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_server_info(body)
+    assert "sk-secret" not in str(raised.value) and "tp_size" not in str(raised.value)
+
+
+def test_odd_values_are_unknown_not_guessed() -> None:
+    odd = {"tp_size": True, "dp_size": [2], "pp_size": None, "max_running_requests": "x" * 300}
+    assert dict(parse_server_info(json.dumps(odd).encode()).config) == {}

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuledger.model.engines import ServerInfo
+
 # The generic configuration keys (the config_info labels) the join itself reads.
 TENSOR_PARALLEL_SIZE = "tensor_parallel_size"
 PIPELINE_PARALLEL_SIZE = "pipeline_parallel_size"
@@ -156,6 +158,10 @@ class EngineKind:
     # Every /metrics name gpuledger reads or its docs cite, by release: the kind's one
     # version map (tests/unit/test_version_maps.py holds it to every capture).
     versions: tuple[MetricName, ...] = ()
+    # The server's own account of its resolved configuration: paths tried in order
+    # (the next on HTTP 404), and the pure parser of that body; () when it has none.
+    server_info_paths: tuple[str, ...] = ()
+    parse_server_info: Callable[[bytes], ServerInfo] | None = None
 
     @property
     def markers(self) -> tuple[str, ...]:

@@ -19,8 +19,8 @@ other release was checked.
   `sglang:num_retracted_requests_total` (decode requests pushed back to the queue when
   KV runs out) stands for preemptions. There is no info series of the cache config and
   no series of the batch-slot bound: that is `--max-running-requests` when given (the
-  generic `max_num_seqs`; the scheduler may lower it to fit its KV pool, and without the
-  flag derives it, so it is not guessed).
+  generic `max_num_seqs`); the scheduler may lower it to fit its KV pool, and without the
+  flag derives it, which only its server info says (below); never guessed.
 - The `sglang_` spelling: SGLang 0.5.23 itself only writes `sglang:`, and nothing in the
   package rewrites it; the issue reports a router that does, and other consumers accept
   both, so the same names under `sglang_` are read too, unverified against a capture.
@@ -32,11 +32,24 @@ parallel controller), hold the GPUs and are titled `sglang::scheduler` plus, in 
 parallel > 1), `_EP<e>`. `sglang::detokenizer`, `sglang::data_parallel_controller`,
 `sglang::detokenizer_router` and `sglang::tokenizer_worker:<pid>` are its too, hold no
 GPU and are no engine process here.
+
+Server info: `GET /server_info` (`/get_server_info` is its deprecated alias, 0.5.23
+`entrypoints/http_server.py`) answers the resolved `ServerArgs` (`tp_size`, `dp_size`,
+`pp_size`, `max_running_requests`, `mem_fraction_static`, `served_model_name`, ...)
+and `internal_states`, one object per DP rank, whose
+`effective_max_running_requests_per_dp` is the bound the scheduler really uses after
+fitting it to its KV pool (`scheduler_components/internal_state.py`). The same body
+holds `api_key`, `admin_api_key`, the whole `launch_command` and the schedulers'
+environment, so only the keys named here are read. With `--api-key` the endpoint asks
+for it (only `/health*`, `/ready*` and `/metrics*` are open, `utils/auth.py`); gpuledger
+holds no key, and the flags stand.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 
 from gpuledger.engines.kinds import (
     DATA_PARALLEL_SIZE,
@@ -48,6 +61,8 @@ from gpuledger.engines.kinds import (
     ExpositionNames,
     MetricName,
 )
+from gpuledger.model.base import frozen_map
+from gpuledger.model.engines import ServerInfo
 
 NAME = "sglang"
 TITLE_PREFIX = "sglang::"
@@ -110,6 +125,57 @@ def parse_title(title: str, pid: int = 0) -> EngineProcess | None:
     return EngineProcess(pid, WORKER, parts.get("DP"), parts.get("PP"), parts.get("TP"), NAME)
 
 
+# /server_info's resolved fields read, -> the generic configuration key.
+_SERVER_INFO_KEYS: Mapping[str, str] = {
+    "tp_size": TENSOR_PARALLEL_SIZE,
+    "dp_size": DATA_PARALLEL_SIZE,
+    "pp_size": PIPELINE_PARALLEL_SIZE,
+    "max_running_requests": "max_num_seqs",
+    "mem_fraction_static": "mem_fraction_static",
+    "served_model_name": "served_model_name",
+}
+_EFFECTIVE_MAX = "effective_max_running_requests_per_dp"
+
+
+def _scalar(value: object) -> str | None:
+    """A JSON number or short string as a configuration value; None for anything else
+    (null, a bool, a list), which is then unknown rather than a guess."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return format(value, "g") if isinstance(value, float) else str(value)
+    if isinstance(value, str) and 0 < len(value) <= 256:
+        return value
+    return None
+
+
+def _effective_max(states: object) -> str | None:
+    """The schedulers' bound when every DP rank reports the same one (the list's order
+    is not documented as the rank order, so differing values are not assigned)."""
+    if not isinstance(states, list):
+        return None
+    values = {_scalar(state.get(_EFFECTIVE_MAX)) for state in states if isinstance(state, dict)}
+    values.discard(None)
+    return values.pop() if len(values) == 1 else None
+
+
+def parse_server_info(body: bytes) -> ServerInfo:
+    """The whitelisted fields of a `/server_info` body. Raises ValueError, naming no
+    part of the body, when it is not a JSON object."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        raise ValueError("server info is not JSON") from None
+    if not isinstance(document, dict):
+        raise ValueError("server info is not a JSON object")
+    config = {
+        key: value
+        for field, key in _SERVER_INFO_KEYS.items()
+        if (value := _scalar(document.get(field))) is not None
+    }
+    return ServerInfo(frozen_map(config), _effective_max(document.get("internal_states")))
+
+
 SGLANG = EngineKind(
     name=NAME,
     metrics=(METRICS, METRICS_UNDERSCORE),
@@ -143,4 +209,6 @@ SGLANG = EngineKind(
     path_annotation="gpuledger.io/sglang-path",
     scheme_annotation="gpuledger.io/sglang-scheme",
     versions=VERSIONS,
+    server_info_paths=("/server_info", "/get_server_info"),
+    parse_server_info=parse_server_info,
 )

@@ -28,6 +28,7 @@ from gpuledger.model.engines import (
     EngineScrape,
     EnginesSnapshot,
     EngineTarget,
+    ServerInfo,
 )
 from gpuledger.model.procfs import ProcessInfo, ProcessSockets
 
@@ -201,21 +202,28 @@ def _engine_gpus(
     return tuple(sorted(found, key=lambda g: (g.role, int(g.rank), g.gpu_uuid)))
 
 
-def _configured_gpus(server: _Server | None) -> int | None:
-    if server is None:
-        return None
+def _configured_gpus(config: Mapping[str, str]) -> int | None:
     try:
-        tp = int(server.flags.get(TENSOR_PARALLEL_SIZE, "1"))
-        pp = int(server.flags.get(PIPELINE_PARALLEL_SIZE, "1"))
+        tp = int(config.get(TENSOR_PARALLEL_SIZE, "1"))
+        pp = int(config.get(PIPELINE_PARALLEL_SIZE, "1"))
     except ValueError:
         return None  # a flag we cannot read as a number: unknown, not a guess
     return tp * pp
 
 
-def _config(server: _Server | None, metrics: EngineMetrics | None) -> Mapping[str, str]:
+def _config(
+    server: _Server | None, metrics: EngineMetrics | None, info: ServerInfo | None
+) -> Mapping[str, str]:
+    """The API server's flags, then what the engine says it resolved them to (its
+    server info: the bound its schedulers really use wins over the flag that asked for
+    it), then its cache config series."""
     config: dict[str, str] = {}
     if server is not None:
         config.update(server.flags)
+    if info is not None:
+        config.update(info.config)
+        if info.effective_max_num_seqs is not None:
+            config["max_num_seqs"] = info.effective_max_num_seqs
     if metrics is not None:
         config.update(metrics.cache_config)
     return frozen_map(config)
@@ -369,6 +377,7 @@ def _engines_of(
         joined = server is not None
         gpus = _engine_gpus(server, rank_int, gpu_by_pid)
         own = server.by_rank.get(rank_int, ()) if server is not None else ()
+        config = _config(server, metrics, scrape.server_info)
         return Engine(
             url=url,
             target=target.endpoint,
@@ -381,9 +390,9 @@ def _engines_of(
             engine=rank,
             up=scrape.up,
             metrics=metrics,
-            config=_config(server, metrics),
+            config=config,
             gpus=gpus,
-            gpus_configured=_configured_gpus(server) if joined else None,
+            gpus_configured=_configured_gpus(config) if joined else None,
             gpus_in_use=len({g.gpu_uuid for g in gpus}) if joined else None,
             error_reason=scrape.error_reason,
             error_message=scrape.error_message,

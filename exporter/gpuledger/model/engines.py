@@ -67,6 +67,17 @@ class EngineTarget:
 
 
 @dataclass(frozen=True)
+class ServerInfo:
+    """What an engine's own server-info endpoint says of its resolved configuration
+    (SGLang's `/server_info`), whitelisted: `config` under the generic configuration keys
+    (as strings, as flags are), and the batch-slot bound its schedulers actually use
+    (`max_num_seqs`, after they fitted it to the KV pool), when they all agree."""
+
+    config: Mapping[str, str] = field(default_factory=frozen_map)
+    effective_max_num_seqs: str | None = None
+
+
+@dataclass(frozen=True)
 class EngineScrape:
     """How one target fared in one cycle; `engines` is empty unless `up`."""
 
@@ -78,6 +89,10 @@ class EngineScrape:
     duration_seconds: float
     # The kind that answered (or the target's, when it did not); "" when unknown.
     kind: str = ""
+    # The kind's server info (ServerInfo), when it has such an endpoint and it answered;
+    # else why not (a REASONS value of the engine source), None when not asked.
+    server_info: ServerInfo | None = None
+    server_info_error: str | None = None
 
 
 # EngineScrape.error_reason of a prometheus.io candidate whose body shows no engine

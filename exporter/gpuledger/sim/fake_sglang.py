@@ -15,18 +15,32 @@ Styles: ``"0.5.23"`` (the default server), ``"0.5.23-priority"``
 holding them all beside, so a reader that sums double counts) and ``"0.5.23-underscore"``
 (the same names spelled `sglang_`, as the issue reports a router rewrites them).
 
-The server is sim/fake_vllm.py's, with this renderer: :func:`server`.
+The server is sim/fake_vllm.py's, with this renderer: :func:`server`. With a
+:class:`FakeServerInfo` it also answers `/server_info` and `/get_server_info` as 0.5.23
+does (the shape of tests/fixtures/sglang/sglang-0.5.23-server_info.constructed.json:
+the resolved arguments at the top, one `internal_states` object per DP rank), secrets
+included, as a real one holds them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer, Fault
 
-__all__ = ["KIND", "STYLES", "Style", "render_exposition", "server"]
+__all__ = [
+    "KIND",
+    "STYLES",
+    "FakeServerInfo",
+    "Style",
+    "render_exposition",
+    "render_server_info",
+    "server",
+    "server_info_documents",
+]
 
 KIND = "sglang"
 Style = Literal["0.5.23", "0.5.23-priority", "0.5.23-underscore"]
@@ -194,8 +208,76 @@ def render_exposition(engines: Sequence[FakeEngine]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class FakeServerInfo:
+    """What `/server_info` reports: the resolved arguments and, per DP rank, the bound
+    the scheduler settled on (`effective_max_running_requests_per_dp`)."""
+
+    tp_size: int = 1
+    dp_size: int = 1
+    pp_size: int = 1
+    max_running_requests: int | None = None
+    effective_max_running_requests: int = 4096
+    mem_fraction_static: float = 0.88
+    served_model_name: str = "tiny"
+    # Secrets a real answer carries (the API keys, the command line, the environment).
+    api_key: str | None = None
+    launch_command: str = "python -m sglang.launch_server --model-path tiny"
+    environment: Mapping[str, str] = field(default_factory=dict)
+    fault: Fault = "ok"
+
+
+def render_server_info(info: FakeServerInfo) -> bytes:
+    states = [
+        {
+            "world_size": info.tp_size * info.pp_size,
+            "effective_max_running_requests_per_dp": info.effective_max_running_requests,
+            "last_gen_throughput": 0.0,
+            "env_vars": dict(info.environment),
+        }
+        for _ in range(info.dp_size)
+    ]
+    document = {
+        "tp_size": info.tp_size,
+        "dp_size": info.dp_size,
+        "pp_size": info.pp_size,
+        "max_running_requests": info.max_running_requests,
+        "mem_fraction_static": info.mem_fraction_static,
+        "served_model_name": info.served_model_name,
+        "api_key": info.api_key,
+        "admin_api_key": info.api_key,
+        "launch_command": info.launch_command,
+        "status": "ready",
+        "internal_states": states,
+        "version": "0.5.23",
+        "frontend": "python",
+    }
+    return json.dumps(document).encode()
+
+
+def server_info_documents(info: FakeServerInfo | None) -> dict[str, Callable[[], bytes]]:
+    """The server-info paths and their answer (FakeVllmServer's `documents`); none
+    without one."""
+    if info is None:
+        return {}
+    answer = render_server_info(info)
+    return {"/server_info": lambda: answer, "/get_server_info": lambda: answer}
+
+
 def server(
-    engines: Sequence[FakeEngine], *, fault: Fault = "ok", host: str = "127.0.0.1"
+    engines: Sequence[FakeEngine],
+    *,
+    fault: Fault = "ok",
+    host: str = "127.0.0.1",
+    server_info: FakeServerInfo | None = None,
 ) -> FakeVllmServer:
-    """A fake SGLang HTTP server: the shared fake server with this renderer."""
-    return FakeVllmServer(engines, fault=fault, host=host, render=render_exposition)
+    """A fake SGLang HTTP server: the shared fake server with this renderer, and its
+    server info when given (else those paths answer 404)."""
+    return FakeVllmServer(
+        engines,
+        fault=fault,
+        host=host,
+        render=render_exposition,
+        documents=server_info_documents(server_info),
+        document_fault=server_info.fault if server_info is not None else "ok",
+    )

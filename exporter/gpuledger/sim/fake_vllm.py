@@ -479,6 +479,7 @@ def render_exposition(engines: Sequence[FakeEngine], *, created: float = DEFAULT
 
 # -------------------------------------------------------------------------- server
 
+_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 _GARBAGE = (
     b"<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
     b"</h1></center><hr><center>nginx</center></body></html>\n\x00\x01\x02\xff\xfe\n"
@@ -520,14 +521,21 @@ class _Handler(BaseHTTPRequestHandler):
         fault, engines, path = owner._state()
         owner._count_request()
         try:
-            if self.path.split("?", 1)[0] != path:
+            asked = self.path.split("?", 1)[0]
+            document, document_fault = owner._document(asked)
+            if document is not None:
+                self._answer(owner, document_fault, document, "application/json")
+                return
+            if asked != path:
                 self._send(404, b"Not Found", "text/plain")
                 return
-            self._answer(owner, fault, engines)
+            self._answer(owner, fault, lambda: owner.render(engines).encode(), _TEXT)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             pass  # the scraper gave up (cap, deadline): expected
 
-    def _answer(self, owner: FakeVllmServer, fault: Fault, engines: Sequence[FakeEngine]) -> None:
+    def _answer(
+        self, owner: FakeVllmServer, fault: Fault, render: Callable[[], bytes], ctype: str
+    ) -> None:
         if fault == "hang":
             owner._stopping.wait()
             return
@@ -535,14 +543,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(500, b"Internal Server Error", "text/plain")
             return
         if fault == "garbage":
-            self._send(200, _GARBAGE, "text/plain; version=0.0.4; charset=utf-8")
+            self._send(200, _GARBAGE, ctype)
             return
         if fault == "slow" and owner._stopping.wait(owner.slow_seconds):
             return
-        body = owner.render(engines).encode()
+        body = render()
         if fault == "truncated":
             self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body[: len(body) // 2])  # cut mid-line, then close
@@ -553,7 +561,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == "trickle":
             self._trickle(owner, body)
             return
-        self._send(200, body, "text/plain; version=0.0.4; charset=utf-8", compress=True)
+        self._send(200, body, ctype, compress=True)
 
     def _gzip_wanted(self) -> bool:
         accepted = self.headers.get("Accept-Encoding", "")
@@ -625,10 +633,15 @@ class FakeVllmServer:
         huge_bytes: int = 32 * 1024 * 1024,
         host: str = "127.0.0.1",
         render: Callable[[Sequence[FakeEngine]], str] = render_exposition,
+        documents: Mapping[str, Callable[[], bytes]] | None = None,
+        document_fault: Fault = "ok",
     ) -> None:
         """`render`: the exposition of the engines, of this fake's kind by default (the
-        HTTP side and its faults are every kind's)."""
+        HTTP side and its faults are every kind's). `documents`: other paths it answers
+        (JSON, such as SGLang's `/server_info`), under their own `document_fault`."""
         self.render = render
+        self.documents: Mapping[str, Callable[[], bytes]] = dict(documents or {})
+        self.document_fault: Fault = document_fault
         render(engines)  # fail fast on mixed styles
         # Any 127.0.0.0/8 address works on Linux: the harness gives each pod its own.
         self.host = host
@@ -681,6 +694,11 @@ class FakeVllmServer:
         self.render(engines)
         with self._lock:
             self._engines = tuple(engines)
+
+    def set_documents(self, documents: Mapping[str, Callable[[], bytes]], fault: Fault) -> None:
+        """Replace the other paths it answers, and their fault."""
+        with self._lock:
+            self.documents, self.document_fault = dict(documents), fault
 
     def set_fault(self, fault: Fault, *, slow_seconds: float | None = None) -> None:
         if fault not in FAULTS:
@@ -739,6 +757,10 @@ class FakeVllmServer:
     def _state(self) -> tuple[Fault, tuple[FakeEngine, ...], str]:
         with self._lock:
             return self._fault, self._engines, self._path
+
+    def _document(self, path: str) -> tuple[Callable[[], bytes] | None, Fault]:
+        with self._lock:
+            return self.documents.get(path), self.document_fault
 
     def _count_request(self) -> None:
         with self._lock:

@@ -461,6 +461,10 @@ class SimulatedNode:
             server = self.engines[sim.key]
             server.set_engines(fake_engines(sim))
             server.set_fault(sim.fault)  # type: ignore[arg-type]
+            info = sim.server_info
+            server.set_documents(
+                fake_sglang.server_info_documents(info), info.fault if info else "ok"
+            )
         if self.apiserver is not None:
             self.apiserver.set_fault(state.kubernetes_fault)  # type: ignore[arg-type]
             self._sync_pods(state)

@@ -132,7 +132,20 @@ PENDING_KEYS = frozenset({"reason", "message"})
 PODRESOURCES_KEYS = frozenset({"allocations", "dynamic", "fault"})
 ALLOCATION_KEYS = frozenset({"namespace", "pod", "container", "resource", "devices"})
 TARGET_KEYS = frozenset(
-    {"kind", "pod", "name", "engines", "fault", "style", "api_server", "socket"}
+    {"kind", "pod", "name", "engines", "fault", "style", "api_server", "socket", "server_info"}
+)
+SERVER_INFO_KEYS = frozenset(
+    {
+        "tp_size",
+        "dp_size",
+        "pp_size",
+        "max_running_requests",
+        "effective_max_running_requests",
+        "mem_fraction_static",
+        "served_model_name",
+        "api_key",
+        "fault",
+    }
 )
 DYNAMIC_KEYS = frozenset(
     {
@@ -233,6 +246,7 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
     "podresources.allocations[]": ALLOCATION_KEYS,
     "engines[]": TARGET_KEYS,
     "engines[].engines[]": ENGINE_KEYS,
+    "engines[].server_info": SERVER_INFO_KEYS,
     "podresources.dynamic[]": DYNAMIC_KEYS,
     "dra": DRA_KEYS,
     "dra.slices[]": DRA_SLICE_KEYS,
@@ -436,6 +450,8 @@ class SimEngineServer:
     # its pod, or of the host's processes); whether the agent can read its sockets.
     api_server: int | None = None
     socket: str = "readable"  # readable | unreadable
+    # SGLang's /server_info (None: that path answers 404).
+    server_info: fake_sglang.FakeServerInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -960,6 +976,9 @@ def _engine_server(doc: object, at: _Path, position: int, kind: str | None) -> S
     socket = d.get("socket", "readable")
     if socket not in ("readable", "unreadable"):
         raise (at / "socket").fail("readable or unreadable", socket)
+    info = d.get("server_info")
+    if info is not None and kind != fake_sglang.KIND:
+        raise (at / "server_info").fail("only on an sglang entry", info)
     return SimEngineServer(
         kind=kind,
         key=name or (pod if isinstance(pod, str) else f"static-{position}"),
@@ -970,6 +989,28 @@ def _engine_server(doc: object, at: _Path, position: int, kind: str | None) -> S
         raw=frozen_map(d),
         api_server=None if api_server is None else _int(api_server, at / "api_server", 2),
         socket=socket,
+        server_info=None if info is None else _server_info(info, at / "server_info"),
+    )
+
+
+def _server_info(doc: object, at: _Path) -> fake_sglang.FakeServerInfo:
+    d = _mapping(doc, at)
+    _check_keys(d, SERVER_INFO_KEYS, at)
+    fault = d.get("fault", "ok")
+    if fault not in ENGINE_FAULTS:
+        raise (at / "fault").fail(f"one of {', '.join(ENGINE_FAULTS)}", fault)
+    asked = d.get("max_running_requests")
+    effective = d.get("effective_max_running_requests", asked if asked is not None else 4096)
+    return fake_sglang.FakeServerInfo(
+        tp_size=_int(d.get("tp_size", 1), at / "tp_size", 1),
+        dp_size=_int(d.get("dp_size", 1), at / "dp_size", 1),
+        pp_size=_int(d.get("pp_size", 1), at / "pp_size", 1),
+        max_running_requests=None if asked is None else _int(asked, at / "max_running_requests", 1),
+        effective_max_running_requests=_int(effective, at / "effective_max_running_requests", 1),
+        mem_fraction_static=_ratio(d.get("mem_fraction_static", 0.88), at / "mem_fraction_static"),
+        served_model_name=_str(d.get("served_model_name", "tiny"), at / "served_model_name"),
+        api_key=None if d.get("api_key") is None else _str(d.get("api_key"), at / "api_key"),
+        fault=fault,
     )
 
 

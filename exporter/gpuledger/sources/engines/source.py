@@ -23,6 +23,8 @@ import ssl
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from urllib.parse import urlsplit
 
 from gpuledger.engines import BY_NAME, KINDS
 from gpuledger.engines.kinds import EngineKind, ExpositionNames
@@ -35,6 +37,7 @@ from gpuledger.model.engines import (
     EngineScrape,
     EnginesSnapshot,
     EngineTarget,
+    ServerInfo,
 )
 from gpuledger.model.kubernetes import PODS
 from gpuledger.net.httpclient import HttpClient, HttpError
@@ -69,6 +72,22 @@ REASONS: tuple[str, ...] = (
 DEFAULT_TIMEOUT_SECONDS = 5.0
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_WORKERS = 8
+# A server-info answer is about 20 KB (SGLang 0.5.23); it changes when the server
+# restarts, so it is read again only after these many seconds, or when a scrape fails.
+SERVER_INFO_MAX_BYTES = 1024 * 1024
+SERVER_INFO_TTL_SECONDS = 300.0
+SERVER_INFO_RETRY_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class _CachedInfo:
+    info: ServerInfo | None
+    error: str | None
+    read_at: float
+
+    def fresh(self, now: float) -> bool:
+        ttl = SERVER_INFO_TTL_SECONDS if self.error is None else SERVER_INFO_RETRY_SECONDS
+        return now - self.read_at < ttl
 
 
 class _ScrapeFailed(Exception):
@@ -106,12 +125,14 @@ class EngineScraper:
             self._tls.verify_mode = ssl.CERT_NONE
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._server_info: dict[str, _CachedInfo] = {}
 
     def scrape(
         self, targets: Sequence[EngineTarget], meter: CpuMeter | None = None
     ) -> EnginesSnapshot:
         """Every target's scrape, in order; never raises, returns by the deadline. The
         scrape threads' CPU goes to `meter` (the source's)."""
+        self._forget_server_info({t.url for t in targets})
         if not targets:
             return EnginesSnapshot()
         started = time.monotonic()
@@ -152,8 +173,54 @@ class EngineScraper:
                 type(exc).__name__,
             )
             return self._failed(target, started, "internal_error", type(exc).__name__)
-        duration = time.monotonic() - started
-        return EngineScrape(target, True, None, None, engines, duration, body.kind)
+        scrape = EngineScrape(target, True, None, None, engines, 0.0, body.kind)
+        scrape = self._with_server_info(scrape, deadline)
+        return replace(scrape, duration_seconds=time.monotonic() - started)
+
+    def _with_server_info(self, scrape: EngineScrape, deadline: float) -> EngineScrape:
+        """The scrape with its kind's server info, from the cache while it is fresh."""
+        kind = BY_NAME.get(scrape.kind)
+        if kind is None or kind.parse_server_info is None:
+            return scrape
+        url = scrape.target.url
+        with self._lock:
+            cached = self._server_info.get(url)
+        if cached is None or not cached.fresh(time.monotonic()):
+            cached = self._read_server_info(url, kind, deadline)
+            with self._lock:
+                self._server_info[url] = cached
+        return replace(scrape, server_info=cached.info, server_info_error=cached.error)
+
+    def _read_server_info(self, url: str, kind: EngineKind, deadline: float) -> _CachedInfo:
+        """Read the first of the kind's server-info paths that exists; never raises."""
+        assert kind.parse_server_info is not None
+        error = "http_404"
+        for path in kind.server_info_paths:
+            try:
+                response = HttpClient(
+                    deadline_seconds=max(0.001, deadline - time.monotonic()),
+                    max_body_bytes=SERVER_INFO_MAX_BYTES,
+                    headers={"Accept": "application/json"},
+                    tls_context=self._tls,
+                ).get(urlsplit(url)._replace(path=path, query="", fragment="").geturl())
+            except HttpError as exc:
+                return _CachedInfo(None, exc.reason, time.monotonic())
+            if response.status == 404:
+                continue
+            if response.status != 200:
+                code = response.status if 100 <= response.status <= 599 else 0
+                return _CachedInfo(None, f"http_{code}", time.monotonic())
+            try:
+                return _CachedInfo(kind.parse_server_info(response.body), None, time.monotonic())
+            except ValueError:
+                return _CachedInfo(None, "garbage", time.monotonic())
+        return _CachedInfo(None, error, time.monotonic())
+
+    def _forget_server_info(self, keep: set[str]) -> None:
+        """Drop what targets no longer scraped held, so the cache follows the targets."""
+        with self._lock:
+            for url in [u for u in self._server_info if u not in keep]:
+                del self._server_info[url]
 
     def __enter__(self) -> EngineScraper:
         return self
@@ -188,6 +255,9 @@ class EngineScraper:
         prefixed: bool = False,
         kind: str | None = None,
     ) -> EngineScrape:
+        # A failed scrape may be a restart: the server info is read again when it is back.
+        with self._lock:
+            self._server_info.pop(target.url, None)
         return EngineScrape(
             target,
             up=False,
@@ -334,12 +404,17 @@ class EngineSource(Source[EnginesSnapshot]):
         return self.scraper.scrape(discover_targets(discovered, self.static_targets), self.cpu)
 
     def item_errors(self, snapshot: EnginesSnapshot) -> Iterable[str]:
-        # One engine failing is not the source failing, but its reason counts.
-        return (
+        # One engine failing is not the source failing, but its reason counts; so does
+        # a server info that could not be read (the flags then stand).
+        failed = (
             s.error_reason or "unknown"
             for s in snapshot.scrapes
             if not s.up and s.error_reason != NOT_AN_ENGINE
         )
+        info = (
+            f"server_info_{s.server_info_error}" for s in snapshot.scrapes if s.server_info_error
+        )
+        return (*failed, *info)
 
     def close(self) -> None:
         self.scraper.close()
