@@ -1,5 +1,6 @@
-"""/ledger.json and /ledger read the document built once when a snapshot is published: two
-requests of one snapshot build nothing, a new snapshot answers with its own document."""
+"""/ledger.json and /ledger read the document built once per snapshot, on its first request:
+two requests of one snapshot build it once, a snapshot nobody reads builds nothing, a new
+snapshot answers with its own document."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_one_snapshot_one_document(built: tuple[Exporter, str, list[float]]) -> 
     first = _get(f"{url}/ledger.json")
     assert _get(f"{url}/ledger.json") == first
     assert b'id="node">n1<' in _get(f"{url}/ledger")
-    assert builds == [1.0]  # built when published, never per request
+    assert builds == [1.0]  # built once for the snapshot, never per request
     assert json.loads(first)["taken_at"] == 1.0
 
 
@@ -70,3 +71,14 @@ def test_a_new_snapshot_gets_a_new_document(built: tuple[Exporter, str, list[flo
     exporter.run_once()
     assert json.loads(_get(f"{url}/ledger.json"))["taken_at"] == 2.0
     assert builds == [1.0, 2.0]
+
+
+def test_a_snapshot_nobody_reads_builds_no_document(
+    built: tuple[Exporter, str, list[float]],
+) -> None:
+    exporter, url, builds = built
+    for _ in range(3):
+        exporter.run_once()
+    assert builds == []
+    assert json.loads(_get(f"{url}/ledger.json"))["taken_at"] == 3.0
+    assert builds == [3.0]

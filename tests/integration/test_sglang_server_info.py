@@ -18,8 +18,8 @@ from gpuledger.explain.chain import explain, render_text
 from gpuledger.model.engines import EngineTarget
 from gpuledger.sim import fake_sglang
 from gpuledger.sim.fake_vllm import FakeEngine
-from gpuledger.sources.engines.source import EngineScraper
 from gpuledger.sim.scenario import load_scenario
+from gpuledger.sources.engines.source import EngineScraper
 from tests.conftest import REPO, pick, samples
 from tests.mixin.stage_differential import Snapshot, python_judgements, take_snapshot
 

@@ -74,8 +74,11 @@ class Exporter:
         self._rendered = b""
         self._renderer = FamilyRenderer()  # the collection loop's: unchanged families kept
         self._gzipped: bytes | None = None  # made on the first gzip scrape of a snapshot
-        # /ledger.json and /ledger read the snapshot's document, built once with it.
+        # /ledger.json and /ledger read the snapshot's document, built once, on the first
+        # request of that snapshot: on an agent nobody reads it most cycles.
         self._document: tuple[LedgerDocument, bytes] | None = None
+        self._document_of: Published | None = None
+        self._document_lock = threading.Lock()  # one build per snapshot, not per request
         self._progress = time.monotonic()  # start, then the end of each completed cycle
 
     def current(self) -> tuple[Published | None, float]:
@@ -97,17 +100,21 @@ class Exporter:
         published = self._cycle()
         snapshot = LedgerCollector(lambda: (published, time.time()), "snapshot")
         rendered = self._renderer.render(snapshot.families())
-        doc = ledger_document(published)
-        document = (doc, document_bytes(doc))
         with self._lock:
             self._latest, self._rendered, self._gzipped = published, rendered, None
-            self._document = document
             self._progress = time.monotonic()
         return published
 
     def document(self) -> tuple[LedgerDocument, bytes] | None:
-        """The last snapshot's ledger document and its /ledger.json body."""
-        with self._lock:
+        """The last snapshot's ledger document and its /ledger.json body, built on the
+        first call for that snapshot and kept until the next one."""
+        with self._document_lock:
+            published = self.current()[0]
+            if published is None:
+                return None
+            if self._document_of is not published:
+                doc = ledger_document(published)
+                self._document, self._document_of = (doc, document_bytes(doc)), published
             return self._document
 
     @property
