@@ -1,4 +1,4 @@
-"""Memory of a real `gpuledger serve` node agent on the dense simulated node.
+"""Memory and CPU of a real `gpuledger serve` node agent on the dense simulated node.
 
 The agent runs as the DaemonSet runs it: node mode, all six sources, the pod informer
 on in-cluster configuration (HTTPS, service-account token and CA). As root, the
@@ -7,7 +7,12 @@ the real path (/var/run/secrets/kubernetes.io/serviceaccount); otherwise it fall
 to a kubeconfig, which also loads the client's kubeconfig authenticators (~9 MB more),
 and says so.
 
-    .venv/bin/python benchmarks/rss_serve.py [--scale 1 16] [--seconds 25]
+CPU is the process's own (utime + stime from /proc/<pid>/stat: every thread, the HTTP
+server, the informer's watch), over the run after its first `--warm` seconds, at the
+DaemonSet's default 10 s interval unless `--interval` says otherwise; nothing scrapes it
+meanwhile and nothing reads its /ledger.json until the end.
+
+    .venv/bin/python benchmarks/rss_serve.py [--scale 1 16] [--seconds 25] [--interval 10]
 """
 
 from __future__ import annotations
@@ -55,8 +60,19 @@ def memory(pid: int) -> dict[str, float]:
     return fields
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process, all threads (fields 14 and 15 of /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def serve_memory(
-    scenario: Scenario, seconds: float, port: int = PORT
+    scenario: Scenario,
+    seconds: float,
+    port: int = PORT,
+    *,
+    interval: float = 5.0,
+    warm: float = 0.0,
 ) -> tuple[str, dict[str, Any], dict[str, float]]:
     """A real `gpuledger serve` on the simulated node for `seconds`, then scraped: the
     configuration it ran with (in-cluster where the machine allows a private mount
@@ -66,7 +82,7 @@ def serve_memory(
         config = node.pipeline_config(5.0)
         serve = [
             sys.executable, "-m", "gpuledger", "serve",
-            "--listen", f"127.0.0.1:{port}", "--interval", "5",
+            "--listen", f"127.0.0.1:{port}", "--interval", f"{interval:g}",
             "--proc-root", config.proc_root, "--nvml-library", str(config.nvml_library),
             "--node-name", config.node, "--kubernetes", "on",
             "--podresources-socket", str(config.podresources_socket), "--log-level", "warning",
@@ -82,22 +98,25 @@ def serve_memory(
             command = [*serve, "--kubeconfig", str(node.kubeconfig)]
         process = subprocess.Popen(command, env=env)
         try:
-            time.sleep(seconds)
+            time.sleep(warm)
+            cpu0, wall0 = cpu_seconds(process.pid), time.monotonic()
+            time.sleep(max(0.0, seconds - warm))
+            cpu = (cpu_seconds(process.pid) - cpu0) / (time.monotonic() - wall0)
             for _ in range(5):
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
                     r.read()
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/ledger.json", timeout=5) as r:
                 document = json.loads(r.read())
-            result = memory(process.pid)
+            result = {**memory(process.pid), "millicores": cpu * 1e3}
         finally:
             process.terminate()
             process.wait(30)
     return "in-cluster" if in_cluster else "kubeconfig", document, result
 
 
-def run(scale: int, seconds: float) -> dict[str, Any]:
+def run(scale: int, seconds: float, interval: float, warm: float) -> dict[str, Any]:
     configuration, document, result = serve_memory(
-        parse_scenario(dense_node(scale), "dense.yaml"), seconds
+        parse_scenario(dense_node(scale), "dense.yaml"), seconds, interval=interval, warm=warm
     )
     return {
         "scale": scale,
@@ -113,14 +132,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scale", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--seconds", type=float, default=25.0)
+    parser.add_argument("--interval", type=float, default=10.0)
+    parser.add_argument("--warm", type=float, default=10.0, help="seconds before CPU counts")
     args = parser.parse_args()
     for scale in args.scale:
-        r = run(scale, args.seconds)
+        r = run(scale, args.seconds, args.interval, args.warm)
         print(json.dumps(r))
         print(
             f"scale {r['scale']:>2} ({r['config']}): RSS {r['VmRSS']:.0f} MB, peak "
             f"{r['VmHWM']:.0f} MB (anon {r['RssAnon']:.0f}, file {r['RssFile']:.0f}); "
-            f"{len(r['sources_up'])}/{r['sources']} sources up, {r['engines']} engines",
+            f"{len(r['sources_up'])}/{r['sources']} sources up, {r['engines']} engines; "
+            f"{r['millicores']:.1f} millicores at a {args.interval:g} s interval",
             flush=True,
         )
 
