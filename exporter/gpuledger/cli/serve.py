@@ -70,7 +70,9 @@ def run_exporter(
     stop = threading.Event()
     _install_signal_handlers(stop)
     exporter.start()
-    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
+    # serve_forever polls for shutdown; once a second is enough (0.5 s by default).
+    accept = threading.Thread(target=httpd.serve_forever, args=(1.0,), name="http", daemon=True)
+    accept.start()
     host, port = httpd.server_address[:2]
     scheme = "https" if web is not None and web.tls is not None else "http"
     log.info(
@@ -78,7 +80,8 @@ def run_exporter(
     )
     if banner:
         print(banner.format(url=f"http://localhost:{port}"), flush=True)
-    while not stop.wait(0.5):
+    # A signal sets `stop` at once; the wait's period only paces the simulator's ticks.
+    while not stop.wait(0.5 if on_tick is not None else 5.0):
         if on_tick is not None:
             on_tick.tick()
     httpd.shutdown()

@@ -402,7 +402,11 @@ class GatedHTTPServer(HTTPServer):
     def _gate_loop(self) -> None:
         waiting: dict[socket.socket, tuple[Any, bytearray, float]] = {}
         while not self._closing.is_set():
-            for key, _ in self._selector.select(timeout=0.25):
+            # Woken by an arrival or by close (the wake socket), else when the first
+            # waiting head runs out of time: an idle agent does not poll.
+            until = min((u for _, _, u in waiting.values()), default=None)
+            timeout = None if until is None else max(0.0, until - time.monotonic()) + 0.01
+            for key, _ in self._selector.select(timeout=timeout):
                 if key.fileobj is self._wake_reader:
                     with contextlib.suppress(OSError):
                         self._wake_reader.recv(4096)
