@@ -44,6 +44,7 @@ REPLICAS = 4
 PODS_PER_NODE = 2
 GPUS = 8
 PENDING_WORKLOADS = 50
+CLUSTER_VIEW = -1  # AgentFarm's key of the cluster view's reads
 STEP_SECONDS = 60
 SAMPLES = 10
 # What the rules make of each kind of workload: (stage, reason).
@@ -274,6 +275,8 @@ class AgentFarm:
             def do_GET(self) -> None:
                 host = self.request.getsockname()[0]
                 node = farm.fleet.node_of_address(host) if farm.fleet else None
+                if host == "127.0.0.1":
+                    node = CLUSTER_VIEW  # the cluster view is at 127.0.0.1
                 if node is None or not self.path.startswith("/ledger.json"):
                     self.send_error(404)
                     return
@@ -293,10 +296,17 @@ class AgentFarm:
         self.port = int(self.server.server_address[1])
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    @property
+    def cluster_instance(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
     def body(self, node: int) -> bytes:
         if node not in self.bodies:
             assert self.fleet is not None
-            self.bodies[node] = json.dumps(to_json(self.fleet.document(node))).encode()
+            doc = (
+                self.fleet.cluster_document() if node == CLUSTER_VIEW else self.fleet.document(node)
+            )
+            self.bodies[node] = json.dumps(to_json(doc)).encode()
         return self.bodies[node]
 
     def close(self) -> None:

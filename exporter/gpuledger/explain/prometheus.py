@@ -87,11 +87,23 @@ class PrometheusAccess:
     ca_file: str | None = None
     server_name: str | None = None
 
-    def client(self, deadline_seconds: float, max_series: int = MAX_SERIES) -> Prometheus:
+    def client(
+        self,
+        deadline_seconds: float,
+        max_series: int = MAX_SERIES,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+    ) -> Prometheus:
         """A reader with the files as they are now; AgentAccessError when one cannot be
         used (the message names the flag and the file, never its content)."""
         tls = verified_tls_context(self.ca_file, self.server_name, ca_flag="--prometheus-ca-file")
-        return Prometheus(self.url.rstrip("/"), self._headers(), tls, deadline_seconds, max_series)
+        return Prometheus(
+            self.url.rstrip("/"),
+            self._headers(),
+            tls,
+            deadline_seconds,
+            max_series,
+            max_answer_bytes,
+        )
 
     def _headers(self) -> dict[str, str]:
         if not self.bearer_token_file:
@@ -122,6 +134,7 @@ class Prometheus:
     tls_context: ssl.SSLContext | None = field(repr=False)
     deadline_seconds: float
     max_series: int = MAX_SERIES
+    max_answer_bytes: int = MAX_ANSWER_BYTES
 
     def query(self, expr: str, deadline_seconds: float | None = None) -> tuple[Sample, ...]:
         """The instant vector `expr` evaluates to now; PrometheusError when it cannot be
@@ -133,7 +146,7 @@ class Prometheus:
         counter = _ValueCounter(self.max_series * _VALUES_PER_SERIES + _ENVELOPE_VALUES)
         client = HttpClient(
             deadline_seconds=seconds,
-            max_body_bytes=MAX_ANSWER_BYTES,
+            max_body_bytes=self.max_answer_bytes,
             headers={**self.headers, "Accept": "application/json"},
             tls_context=self.tls_context,
             max_redirects=0,  # the token goes to this server only
