@@ -202,8 +202,13 @@ def test_a_workload_reads_the_agents_prometheus_names(prometheus: Any) -> None:
         return FetchResult({}, {a.key: "refused" for a in agents})
 
     page = FleetPage(PrometheusAccess(server.url), deadline_seconds=DEADLINE, fetch=fetch)
-    page(OWN, "workload=a%2Fw")
+    _, html = page(OWN, "workload=a%2Fw")
     assert [(a.node, a.url) for a in asked] == [
         ("n1", "http://10.0.0.1:9402"),
         ("n2", "http://10.0.0.2:9402"),
     ]
+    assert "Node agents: 0 of 2 read" in html and "refused" in html
+    # A reload within the page's reuse time reads neither Prometheus nor the agents again.
+    queries = len(server.authorizations)
+    page(OWN, "workload=a%2Fw")
+    assert len(asked) == 2 and len(server.authorizations) == queries

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from urllib.parse import parse_qs
@@ -56,12 +57,13 @@ from gpuledger.web.cluster_page import (
 )
 
 Fetch = Callable[[Sequence[Agent]], FetchResult]
+MAX_KEPT = 64  # workloads whose agents' documents are kept for reuse
 
 
 class FleetPage:
-    """/ledger of a cluster view with `--prometheus-url`. The overview is reused for
-    `ttl_seconds` (a burst of page loads queries Prometheus once); a workload's chain reads
-    its agents on every load (a few, and the page a person opened)."""
+    """/ledger of a cluster view with `--prometheus-url`. The overview, and each workload's
+    agents' documents, are reused for `ttl_seconds`: a burst of page loads queries
+    Prometheus, and reads a workload's agents, once."""
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class FleetPage:
             )
         )
         self._overview: tuple[float, FleetOverview | str] | None = None
+        self._readings: OrderedDict[tuple[str, str], tuple[float, Reading]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __call__(self, own: LedgerDocument, query: str) -> tuple[int, str]:
@@ -117,8 +120,23 @@ class FleetPage:
             return _why(exc)
 
     def workload_reading(self, namespace: str, name: str) -> Reading:
-        """The documents of the agents holding the workload's series, within the deadline
-        (the question to Prometheus included)."""
+        """The documents of the agents holding the workload's series, reused for
+        `ttl_seconds` (a reload costs the agents nothing), at most MAX_KEPT workloads."""
+        key = (namespace, name)
+        with self._lock:
+            kept = self._readings.get(key)
+            if kept is not None and self._clock() - kept[0] < self.ttl_seconds:
+                return kept[1]
+        reading = self._read_workload(namespace, name)
+        with self._lock:
+            self._readings[key] = (self._clock(), reading)
+            self._readings.move_to_end(key)
+            while len(self._readings) > MAX_KEPT:
+                self._readings.popitem(last=False)
+        return reading
+
+    def _read_workload(self, namespace: str, name: str) -> Reading:
+        """Within the deadline, the question to Prometheus included."""
         end = self._clock() + self.deadline_seconds
         try:
             client = self.prometheus.client(self.deadline_seconds)
