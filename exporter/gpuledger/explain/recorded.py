@@ -15,7 +15,8 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from gpuledger.explain.agents import Agent
 from gpuledger.explain.prometheus import Prometheus, PrometheusError, Sample, promql_string
@@ -156,39 +157,47 @@ def _rows(
     pending: Sequence[Sample],
     nodes: Sequence[Sample],
 ) -> tuple[WorkloadRow, ...]:
-    fields: defaultdict[Key, dict[str, object]] = defaultdict(dict)
+    rows: dict[Key, WorkloadRow] = {}
+
+    def update(s: Sample, **changes: Any) -> None:
+        key = _key(s)
+        rows[key] = replace(rows.get(key) or WorkloadRow(key[0], key[1], None, None), **changes)
+
     for s in stages:
-        fields[_key(s)].update(stage=s.get("stage"), reason=s.get("reason") or None)
-    engine_field = {ENGINES_UP: "engines_up", ENGINES: "engines", WAITING: "waiting"}
-    engine_field |= {RUNNING: "running", KV_MAX: "kv_max"}
+        update(s, stage=s.get("stage"), reason=s.get("reason") or None)
     for s in engines:
-        name = engine_field.get(s.get("__name__"))
+        name = _ENGINE_FIELDS.get(s.get("__name__"))
         if name is not None:
-            value = s.value if name in ("waiting", "running", "kv_max") else int(s.value)
-            fields[_key(s)][name] = value
+            update(s, **{name: int(s.value) if name in _COUNTS else s.value})
     by_reason: defaultdict[Key, list[tuple[str, int]]] = defaultdict(list)
     for s in pending:
         if s.get("__name__") == PENDING_PODS and s.value > 0:
             by_reason[_key(s)].append((s.get("reason") or "other", int(s.value)))
         elif s.get("__name__") == PENDING_GPUS:
-            fields[_key(s)]["pending_gpus"] = s.value
+            update(s, pending_gpus=s.value)
     on_nodes: defaultdict[Key, list[tuple[str, int]]] = defaultdict(list)
     for s in nodes:
         on_nodes[_key(s)].append((s.get("node"), int(s.value)))
     for key, reasons in by_reason.items():
-        fields[key]["pending"] = tuple(sorted(reasons))
+        rows[key] = replace(
+            rows.get(key) or WorkloadRow(*key, None, None), pending=tuple(sorted(reasons))
+        )
     for key, held in on_nodes.items():
-        fields[key]["nodes"] = tuple(sorted(held))
-    rows = [
-        WorkloadRow(key[0], key[1], **_with_stage(values))  # type: ignore[arg-type]
-        for key, values in fields.items()
-        if key[1]
-    ]
-    return tuple(sorted(rows, key=_strongest_first))
+        rows[key] = replace(
+            rows.get(key) or WorkloadRow(*key, None, None), nodes=tuple(sorted(held))
+        )
+    listed = [row for key, row in rows.items() if key[1]]
+    return tuple(sorted(listed, key=_strongest_first))
 
 
-def _with_stage(values: dict[str, object]) -> dict[str, object]:
-    return {"stage": None, "reason": None, **values}
+_ENGINE_FIELDS = {
+    ENGINES_UP: "engines_up",
+    ENGINES: "engines",
+    WAITING: "waiting",
+    RUNNING: "running",
+    KV_MAX: "kv_max",
+}
+_COUNTS = ("engines_up", "engines")
 
 
 _ORDER = {s: i for i, s in enumerate(STAGE)}
