@@ -45,6 +45,8 @@ PODS_PER_NODE = 2
 GPUS = 8
 PENDING_WORKLOADS = 50
 CLUSTER_VIEW = -1  # AgentFarm's key of the cluster view's reads
+# (workload, replica) whose engine runs on the Ray executor, its workers on other nodes.
+RAY_ENGINE = ("llm-0000", 0)
 STEP_SECONDS = 60
 SAMPLES = 10
 # What the rules make of each kind of workload: (stage, reason).
@@ -129,6 +131,10 @@ class Fleet:
     def nodes_of(self, namespace: str, workload: str) -> set[int]:
         return {p.node for p in self.pods if (p.namespace, p.workload) == (namespace, workload)}
 
+    def ray_worker_nodes(self) -> tuple[int, ...]:
+        """Where the Ray workers of RAY_ENGINE's engine run: far from its pods."""
+        return (self.nodes // 2, self.nodes // 2 + 1)
+
     # ------------------------------------------------------------------ series
 
     def _series(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
@@ -139,6 +145,14 @@ class Fleet:
                 yield "gpuledger_gpu_up", "gauge", {**base, "gpu_uuid": f"GPU-{i:04d}-{g}"}, 1
             for p in self.by_node.get(i, []):
                 yield from self._pod_series(base, p)
+        for i in self.ray_worker_nodes():
+            base = {"job": "gpuledger-node", "instance": self.instance(i), "node": _node_name(i)}
+            worker = {**base, "namespace": "ray", "pod": f"raycluster-worker-{i}"}
+            worker |= {"pod_uid": f"r{i:07x}", "workload": "raycluster"}
+            worker |= {"ray_job_id": "01000000", "ray_driver_node_id": "d" * 56}
+            worker |= {"class_name": "RayWorkerProc", "bundle_index": "0"}
+            worker |= {"tp_rank": "1", "pp_rank": "0"}
+            yield "gpuledger_ray_worker_info", "gauge", worker, 1
         cluster = {"job": "gpuledger-cluster", "instance": self.cluster_instance}
         cluster["node"] = "cluster-view"
         for m in range(PENDING_WORKLOADS):
@@ -165,6 +179,9 @@ class Fleet:
             yield "gpuledger_engine_requests", "gauge", {**engine, "state": s}, state[s]
         yield "gpuledger_engine_kv_cache_usage_ratio", "gauge", engine, state["kv"]
         yield "gpuledger_engine_max_num_seqs", "gauge", engine, 32
+        if (p.workload, p.replica) == RAY_ENGINE:
+            job = {"ray_job_id": "01000000", "ray_driver_node_id": "d" * 56}
+            yield "gpuledger_engine_ray_job_info", "gauge", {**engine, **job}, 1
 
     def openmetrics(self, path: Path, end: float) -> int:
         """Writes the series, SAMPLES samples each up to `end`; the series count."""

@@ -21,8 +21,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from benchmarks.fleet import CLUSTER_VIEW, AgentFarm, Fleet, FleetPrometheus
+
 from tests.conftest import REPO
 from tests.e2e.prom_harness import _stop, free_port
 
@@ -169,6 +169,16 @@ def test_opening_a_workload_reads_only_its_agents(stack: FleetStack) -> None:
     assert sorted(r[0].split()[0] for r in chain) == [f"team-04/llm-0004-{r}" for r in range(4)]
     verdict = html.split('id="verdict"', 1)[1].split("</p>", 1)[0]
     assert "imbalance" in verdict, verdict
+
+
+def test_a_ray_executor_engine_reads_the_agents_of_its_workers_too(stack: FleetStack) -> None:
+    stack.farm.reads.clear()
+    status, _ = stack.get("/ledger?workload=team-00%2Fllm-0000")
+    assert status == 200
+    own = stack.fleet.nodes_of("team-00", "llm-0000")
+    workers = set(stack.fleet.ray_worker_nodes())
+    assert not own & workers
+    assert set(stack.farm.reads) == own | workers
 
 
 def test_explain_workload_reads_its_agents_and_the_cluster_view(stack: FleetStack) -> None:

@@ -49,6 +49,16 @@ def test_pending_pods_are_counted_by_reason() -> None:
 
 
 def test_the_raw_series_it_asks_for_are_families_with_the_workload_labels() -> None:
-    for name in (*recorded.HOLDER_SERIES, recorded.POD_SERIES, recorded.CLUSTER_VIEW_SERIES):
+    for name in (
+        *recorded.HOLDER_SERIES,
+        recorded.POD_SERIES,
+        recorded.CLUSTER_VIEW_SERIES,
+        recorded.RAY_ENGINE_SERIES,
+    ):
         assert name in BY_NAME, name
         assert {"namespace", "workload"} <= set(BY_NAME[name].labels), name
+    # The Ray join's labels are on both sides, and are the rules' own key for it.
+    job = {k.strip() for k in recorded.RAY_JOB_KEY.split(",")} - {"cluster"}
+    for name in (recorded.RAY_ENGINE_SERIES, recorded.RAY_WORKER_SERIES):
+        assert job <= set(BY_NAME[name].labels), name
+    assert f"count by ({recorded.RAY_JOB_KEY})" in RULES.read_text()

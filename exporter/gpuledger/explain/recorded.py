@@ -55,6 +55,10 @@ HOLDER_SERIES = (
     "gpuledger_engine_up",
     "gpuledger_container_gpu_memory_used_bytes",
 )
+# A Ray-executor engine's job, and its workers on every node, by the engine's identity.
+RAY_ENGINE_SERIES = "gpuledger_engine_ray_job_info"
+RAY_WORKER_SERIES = "gpuledger_ray_worker_info"
+RAY_JOB_KEY = "cluster, ray_job_id, ray_driver_node_id"
 # The cluster view's: pods not placed (explain reads its document for them).
 CLUSTER_VIEW_SERIES = "gpuledger_pod_pending_placement"
 WORKLOAD_KEY = "namespace, workload"
@@ -208,10 +212,13 @@ def _strongest_first(row: WorkloadRow) -> tuple[int, str, str]:
 
 
 def holders_query(namespace: str, workload: str, series: Iterable[str] = HOLDER_SERIES) -> str:
+    """One query: the agents of the workload's own series, or of the Ray workers (on any
+    node, of any pod) of its Ray-executor engines, joined on the engine's identity
+    (docs/design.md, identity rule 9)."""
     matchers = f"namespace={promql_string(namespace)}, workload={promql_string(workload)}"
-    return (
-        f"group by (node, instance) ({{__name__=~{promql_string('|'.join(series))}, {matchers}}})"
-    )
+    own = f"{{__name__=~{promql_string('|'.join(series))}, {matchers}}}"
+    workers = f"{RAY_WORKER_SERIES} and on ({RAY_JOB_KEY}) {RAY_ENGINE_SERIES}{{{matchers}}}"
+    return f"group by (node, instance) ({own} or {workers})"
 
 
 def read_holders(
@@ -223,8 +230,8 @@ def read_holders(
     cluster_view: bool = False,
 ) -> tuple[Holder, ...]:
     """The agents (node, instance) whose series name the workload's pods, engines or GPU
-    users: the ones to read for its chain; with `cluster_view`, the cluster view too when
-    it reports pods of it not placed. PrometheusError when it cannot be asked."""
+    users, or hold its Ray-executor engines' workers: the ones to read for its chain;
+    with `cluster_view`, the cluster view too when it reports pods of it not placed. PrometheusError when it cannot be asked."""
     series = (*HOLDER_SERIES, CLUSTER_VIEW_SERIES) if cluster_view else HOLDER_SERIES
     answer = prometheus.query(holders_query(namespace, workload, series), deadline_seconds)
     found = {Holder(s.get("node"), s.get("instance")) for s in answer if s.get("instance")}
