@@ -231,7 +231,8 @@ def read_holders(
 ) -> tuple[Holder, ...]:
     """The agents (node, instance) whose series name the workload's pods, engines or GPU
     users, or hold its Ray-executor engines' workers: the ones to read for its chain;
-    with `cluster_view`, the cluster view too when it reports pods of it not placed. PrometheusError when it cannot be asked."""
+    with `cluster_view`, the cluster view too when it reports pods of it not placed.
+    PrometheusError when it cannot be asked."""
     series = (*HOLDER_SERIES, CLUSTER_VIEW_SERIES) if cluster_view else HOLDER_SERIES
     answer = prometheus.query(holders_query(namespace, workload, series), deadline_seconds)
     found = {Holder(s.get("node"), s.get("instance")) for s in answer if s.get("instance")}
