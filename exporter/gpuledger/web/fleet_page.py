@@ -56,7 +56,8 @@ from gpuledger.web.cluster_page import (
     render_workload,
 )
 
-Fetch = Callable[[Sequence[Agent]], FetchResult]
+# (agents, seconds left) -> their documents: the reads share the page's one deadline.
+Fetch = Callable[[Sequence[Agent], float], FetchResult]
 MAX_KEPT = 64  # workloads whose agents' documents are kept for reuse
 
 
@@ -81,9 +82,9 @@ class FleetPage:
         self.access = access or AgentAccess()
         self._clock = clock
         self._fetch: Fetch = fetch or (
-            lambda agents: fetch_documents(
+            lambda agents, seconds: fetch_documents(
                 agents,
-                deadline_seconds=deadline_seconds,
+                deadline_seconds=seconds,
                 concurrency=CONCURRENCY,
                 access=self.access,
             )
@@ -146,7 +147,7 @@ class FleetPage:
         agents = holder_agents(holders, self.access.scheme)
         if not agents or end - self._clock() <= 0:
             return Reading([], [] if agents else [_no_holder(self.where(), namespace, name)])
-        result = self._fetch(agents)
+        result = self._fetch(agents, end - self._clock())
         wall = time.time()
         return Reading(
             [
