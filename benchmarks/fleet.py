@@ -44,6 +44,8 @@ REPLICAS = 4
 PODS_PER_NODE = 2
 GPUS = 8
 PENDING_WORKLOADS = 50
+# Every series' cluster label, as a Prometheus holding several clusters (Thanos) has it.
+CLUSTER = {"cluster": "sim"}
 CLUSTER_VIEW = -1  # AgentFarm's key of the cluster view's reads
 # (workload, replica) whose engine runs on the Ray executor, its workers on other nodes.
 RAY_ENGINE = ("llm-0000", 0)
@@ -140,20 +142,22 @@ class Fleet:
     def _series(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
         """(family, type, labels, value) of every series of the fleet."""
         for i in range(self.nodes):
-            base = {"job": "gpuledger-node", "instance": self.instance(i), "node": _node_name(i)}
+            base = {**CLUSTER, "job": "gpuledger-node", "instance": self.instance(i)}
+            base["node"] = _node_name(i)
             for g in range(GPUS):
                 yield "gpuledger_gpu_up", "gauge", {**base, "gpu_uuid": f"GPU-{i:04d}-{g}"}, 1
             for p in self.by_node.get(i, []):
                 yield from self._pod_series(base, p)
         for i in self.ray_worker_nodes():
-            base = {"job": "gpuledger-node", "instance": self.instance(i), "node": _node_name(i)}
+            base = {**CLUSTER, "job": "gpuledger-node", "instance": self.instance(i)}
+            base["node"] = _node_name(i)
             worker = {**base, "namespace": "ray", "pod": f"raycluster-worker-{i}"}
             worker |= {"pod_uid": f"r{i:07x}", "workload": "raycluster"}
             worker |= {"ray_job_id": "01000000", "ray_driver_node_id": "d" * 56}
             worker |= {"class_name": "RayWorkerProc", "bundle_index": "0"}
             worker |= {"tp_rank": "1", "pp_rank": "0"}
             yield "gpuledger_ray_worker_info", "gauge", worker, 1
-        cluster = {"job": "gpuledger-cluster", "instance": self.cluster_instance}
+        cluster = {**CLUSTER, "job": "gpuledger-cluster", "instance": self.cluster_instance}
         cluster["node"] = "cluster-view"
         for m in range(PENDING_WORKLOADS):
             for r in range(2):

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from benchmarks.fleet import CLUSTER_VIEW, AgentFarm, Fleet, FleetPrometheus
 
+from gpuledger.explain.prometheus import PrometheusAccess
+from gpuledger.web.fleet_page import FleetPage
 from tests.conftest import REPO
 from tests.e2e.prom_harness import _stop, free_port
 
@@ -179,6 +181,22 @@ def test_a_ray_executor_engine_reads_the_agents_of_its_workers_too(stack: FleetS
     workers = set(stack.fleet.ray_worker_nodes())
     assert not own & workers
     assert set(stack.farm.reads) == own | workers
+
+
+@pytest.mark.parametrize(("cluster", "listed"), [("sim", 550), ("elsewhere", 0)])
+def test_a_selector_narrows_the_page_to_one_cluster(
+    stack: FleetStack, cluster: str, listed: int
+) -> None:
+    access = PrometheusAccess(stack.prometheus.url, selector=f'cluster="{cluster}"')
+    page = FleetPage(access, deadline_seconds=DEADLINE)
+    own = stack.fleet.cluster_document()
+    _, html = page(own, "")
+    workloads = [r for r in table(html, "workloads") if "/" in r[0]]
+    assert len(workloads) == listed
+    assert ("no workloads in Prometheus" in html) == (listed == 0)
+    stack.farm.reads.clear()
+    page(own, "workload=team-03%2Fllm-0003")
+    assert len(stack.farm.reads) == (4 if listed else 0)
 
 
 def test_explain_workload_reads_its_agents_and_the_cluster_view(stack: FleetStack) -> None:

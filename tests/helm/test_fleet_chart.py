@@ -20,6 +20,7 @@ def test_the_fleet_scenario_passes_the_url_token_and_ca_as_files() -> None:
     env = env_of(view)
     assert env["GPULEDGER_PROMETHEUS_URL"] == "https://prometheus-operated.monitoring:9090"
     assert env["GPULEDGER_PROMETHEUS_SERVER_NAME"] == "prometheus-operated.monitoring.svc"
+    assert env["GPULEDGER_PROMETHEUS_SELECTOR"] == 'cluster="prod"'
     mounts = {m["name"]: m for m in container(view)["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec(view)["volumes"]}
     for variable, volume, secret in (

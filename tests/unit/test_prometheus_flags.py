@@ -68,3 +68,37 @@ def test_an_unreachable_prometheus_is_one_line_and_exit_3(
     assert run_explain(args) == 3
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Prometheus" in err and "(refused)" in err
+
+
+@pytest.mark.parametrize("selector", ['cluster="prod"', 'cluster="a", env=~"p.*"'])
+def test_a_selector_of_label_matchers_is_taken(selector: str) -> None:
+    args = build_parser().parse_args(
+        [
+            "explain",
+            "--workload",
+            "a/b",
+            "--prometheus-url",
+            "http://p:9090",
+            "--prometheus-selector",
+            selector,
+        ]
+    )
+    access = prometheus_access(args)
+    assert access is not None and access.selector == selector
+
+
+@pytest.mark.parametrize("selector", ["cluster=prod", '{cluster="a"}', 'a="x"} or vector(1'])
+def test_a_selector_that_is_not_label_matchers_is_refused(selector: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(
+            [
+                "explain",
+                "--workload",
+                "a/b",
+                "--prometheus-url",
+                "http://p:9090",
+                "--prometheus-selector",
+                selector,
+            ]
+        )
+    assert exited.value.code == EXIT_USAGE

@@ -96,7 +96,14 @@ def _from_prometheus(
         print(f"gpuledger: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        holders = read_holders(client, namespace, name, args.timeout, cluster_view=True)
+        holders = read_holders(
+            client,
+            namespace,
+            name,
+            args.timeout,
+            cluster_view=True,
+            selector=prometheus.selector,
+        )
     except PrometheusError as exc:
         print(f"gpuledger: error: Prometheus: {exc.message} ({exc.reason})", file=sys.stderr)
         return EXIT_UNREACHABLE

@@ -479,6 +479,16 @@ def _add_prometheus_flags(p: argparse.ArgumentParser, *, serve: bool) -> None:
         )
     _flag(
         p,
+        "--prometheus-selector",
+        f'{mode}label matchers every query adds, e.g. cluster="prod": one cluster of a '
+        "Prometheus that holds several (Thanos, Mimir)",
+        env="PROMETHEUS_SELECTOR" if serve else None,
+        type=_label_matchers,
+        default=(_env("PROMETHEUS_SELECTOR") or "") if serve else "",
+        metavar="MATCHERS",
+    )
+    _flag(
+        p,
         "--prometheus-server-name",
         f"{mode}a DNS name Prometheus' certificate must carry (also sent as SNI)",
         env="PROMETHEUS_SERVER_NAME" if serve else None,
@@ -486,6 +496,19 @@ def _add_prometheus_flags(p: argparse.ArgumentParser, *, serve: bool) -> None:
         default=(_env("PROMETHEUS_SERVER_NAME") or None) if serve else None,
         metavar="NAME",
     )
+
+
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
+_MATCHERS = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
+
+
+def _label_matchers(text: str) -> str:
+    """PromQL label matchers without braces: `cluster="prod"`, `a="x", b=~"y.*"`."""
+    if text and not _MATCHERS.match(text):
+        raise argparse.ArgumentTypeError(
+            f'{text[:80]!r}: expected label matchers such as cluster="prod"'
+        )
+    return text.strip()
 
 
 def _http_url(text: str) -> str:
@@ -669,6 +692,7 @@ def prometheus_access(args: argparse.Namespace) -> PrometheusAccess | None:
         bearer_token_file=getattr(args, "prometheus_bearer_token_file", None) or None,
         ca_file=getattr(args, "prometheus_ca_file", None) or None,
         server_name=getattr(args, "prometheus_server_name", None) or None,
+        selector=getattr(args, "prometheus_selector", "") or "",
     )
 
 

@@ -80,12 +80,16 @@ class PrometheusAccess:
     * `bearer_token_file`: a file whose content (one line) is sent as `Authorization:
       Bearer …`; a file, never a flag's value, so it is in no process listing.
     * `ca_file`, `server_name`: as the agents' `--agent-ca-file` and `--agent-server-name`.
+    * `selector`: label matchers every query adds, e.g. `cluster="prod"`, where one
+      Prometheus (Thanos, Mimir) holds several clusters' series.
     """
 
     url: str
     bearer_token_file: str | None = None
     ca_file: str | None = None
     server_name: str | None = None
+    # Label matchers added to every query (`cluster="prod"`): one cluster of several.
+    selector: str = ""
 
     def client(
         self,

@@ -107,21 +107,30 @@ class Holder:
     instance: str
 
 
-def _names(names: Iterable[str]) -> str:
-    return "{__name__=~" + promql_string("|".join(names)) + "}"
+def _names(names: Iterable[str], extra: str = "") -> str:
+    return "{__name__=~" + promql_string("|".join(names)) + extra + "}"
 
 
-OVERVIEW_QUERIES: Mapping[str, str] = {
-    "stage": STAGE_SERIES,
-    "engines": _names(ENGINE_SERIES),
-    "pending": _names(PENDING_SERIES),
-    "nodes": f'count by ({WORKLOAD_KEY}, node) ({POD_SERIES}{{workload!=""}})',
-}
+def overview_queries(selector: str = "") -> dict[str, str]:
+    """The overview's queries; `selector` (label matchers, e.g. `cluster="prod"`) narrows
+    every one to one cluster of a Prometheus that holds several (Thanos, Mimir)."""
+    extra = f", {selector}" if selector else ""
+    return {
+        "stage": f"{STAGE_SERIES}{{{selector}}}" if selector else STAGE_SERIES,
+        "engines": _names(ENGINE_SERIES, extra),
+        "pending": _names(PENDING_SERIES, extra),
+        "nodes": f'count by ({WORKLOAD_KEY}, node) ({POD_SERIES}{{workload!=""{extra}}})',
+    }
 
 
-def read_overview(prometheus: Prometheus, deadline_seconds: float) -> FleetOverview:
-    """The overview from the queries of OVERVIEW_QUERIES, run at once, all within one
-    deadline. PrometheusError when the stage query fails (nothing to list without it);
+OVERVIEW_QUERIES: Mapping[str, str] = overview_queries()
+
+
+def read_overview(
+    prometheus: Prometheus, deadline_seconds: float, selector: str = ""
+) -> FleetOverview:
+    """The overview from the queries of `overview_queries(selector)`, run at once, all
+    within one deadline. PrometheusError when the stage query fails (nothing to list without it);
     another failing leaves its columns empty and is a problem."""
     started = time.monotonic()
     end = started + deadline_seconds
@@ -132,8 +141,9 @@ def read_overview(prometheus: Prometheus, deadline_seconds: float) -> FleetOverv
         except PrometheusError as exc:
             return exc
 
-    with ThreadPoolExecutor(len(OVERVIEW_QUERIES), "prometheus-query") as pool:
-        answers = dict(zip(OVERVIEW_QUERIES, pool.map(run, OVERVIEW_QUERIES.values()), strict=True))
+    queries = overview_queries(selector)
+    with ThreadPoolExecutor(len(queries), "prometheus-query") as pool:
+        answers = dict(zip(queries, pool.map(run, queries.values()), strict=True))
     stage = answers["stage"]
     if isinstance(stage, PrometheusError):
         raise stage
@@ -148,7 +158,7 @@ def read_overview(prometheus: Prometheus, deadline_seconds: float) -> FleetOverv
         return () if isinstance(answer, PrometheusError) else answer
 
     rows = _rows(stage, ok("engines"), ok("pending"), ok("nodes"))
-    return FleetOverview(rows, len(OVERVIEW_QUERIES), problems, time.monotonic() - started)
+    return FleetOverview(rows, len(queries), problems, time.monotonic() - started)
 
 
 def _key(s: Sample) -> Key:
@@ -211,11 +221,14 @@ def _strongest_first(row: WorkloadRow) -> tuple[int, str, str]:
     return (_ORDER.get(row.stage or "", len(_ORDER)), row.namespace, row.name)
 
 
-def holders_query(namespace: str, workload: str, series: Iterable[str] = HOLDER_SERIES) -> str:
+def holders_query(
+    namespace: str, workload: str, series: Iterable[str] = HOLDER_SERIES, selector: str = ""
+) -> str:
     """One query: the agents of the workload's own series, or of the Ray workers (on any
     node, of any pod) of its Ray-executor engines, joined on the engine's identity
     (docs/design.md, identity rule 9)."""
     matchers = f"namespace={promql_string(namespace)}, workload={promql_string(workload)}"
+    matchers += f", {selector}" if selector else ""
     own = f"{{__name__=~{promql_string('|'.join(series))}, {matchers}}}"
     workers = f"{RAY_WORKER_SERIES} and on ({RAY_JOB_KEY}) {RAY_ENGINE_SERIES}{{{matchers}}}"
     return f"group by (node, instance) ({own} or {workers})"
@@ -228,13 +241,15 @@ def read_holders(
     deadline_seconds: float,
     *,
     cluster_view: bool = False,
+    selector: str = "",
 ) -> tuple[Holder, ...]:
     """The agents (node, instance) whose series name the workload's pods, engines or GPU
     users, or hold its Ray-executor engines' workers: the ones to read for its chain;
     with `cluster_view`, the cluster view too when it reports pods of it not placed.
     PrometheusError when it cannot be asked."""
     series = (*HOLDER_SERIES, CLUSTER_VIEW_SERIES) if cluster_view else HOLDER_SERIES
-    answer = prometheus.query(holders_query(namespace, workload, series), deadline_seconds)
+    query = holders_query(namespace, workload, series, selector)
+    answer = prometheus.query(query, deadline_seconds)
     found = {Holder(s.get("node"), s.get("instance")) for s in answer if s.get("instance")}
     return tuple(sorted(found, key=lambda h: (h.node, h.instance)))
 

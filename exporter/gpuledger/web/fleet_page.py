@@ -116,7 +116,7 @@ class FleetPage:
     def _read_overview(self) -> FleetOverview | str:
         try:
             client = self.prometheus.client(self.deadline_seconds)
-            return read_overview(client, self.deadline_seconds)
+            return read_overview(client, self.deadline_seconds, self.prometheus.selector)
         except (PrometheusError, AgentAccessError) as exc:
             return _why(exc)
 
@@ -141,7 +141,9 @@ class FleetPage:
         end = self._clock() + self.deadline_seconds
         try:
             client = self.prometheus.client(self.deadline_seconds)
-            holders = read_holders(client, namespace, name, self.deadline_seconds)
+            holders = read_holders(
+                client, namespace, name, self.deadline_seconds, selector=self.prometheus.selector
+            )
         except (PrometheusError, AgentAccessError) as exc:
             return Reading([], [f"Prometheus {self.where()} not read: {_why(exc)}"])
         agents = holder_agents(holders, self.access.scheme)

@@ -222,6 +222,10 @@ cluster.prometheus: the fleet page's Prometheus (GPULEDGER_PROMETHEUS_* = serve'
 - name: GPULEDGER_PROMETHEUS_SERVER_NAME
   value: {{ . | quote }}
 {{- end }}
+{{- with $p.selector }}
+- name: GPULEDGER_PROMETHEUS_SELECTOR
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
