@@ -62,3 +62,22 @@ def test_the_raw_series_it_asks_for_are_families_with_the_workload_labels() -> N
     for name in (recorded.RAY_ENGINE_SERIES, recorded.RAY_WORKER_SERIES):
         assert job <= set(BY_NAME[name].labels), name
     assert f"count by ({recorded.RAY_JOB_KEY})" in RULES.read_text()
+
+
+def test_one_agent_is_read_per_node_at_the_address_prometheus_scrapes() -> None:
+    holders = [
+        recorded.Holder("n2", "10.0.0.2:9402"),
+        recorded.Holder("n1", "10.0.0.9:9402"),  # a rollout: two addresses for one node
+        recorded.Holder("n1", "10.0.0.1:9402"),
+    ]
+    agents = recorded.holder_agents(holders, "https")
+    assert [(a.key, a.url) for a in agents] == [
+        ("n1", "https://10.0.0.1:9402"),
+        ("n2", "https://10.0.0.2:9402"),
+    ]
+
+
+def test_label_values_are_quoted_as_promql_strings() -> None:
+    query = recorded.holders_query('we"ird', "a\\b", selector='cluster="x"')
+    assert 'namespace="we\\"ird"' in query and 'workload="a\\\\b"' in query
+    assert query.count('cluster="x"') == 2  # the workload's series and its Ray engines'

@@ -255,16 +255,13 @@ def read_holders(
 
 
 def holder_agents(holders: Sequence[Holder], scheme: str) -> list[Agent]:
-    """The agents to read for a workload: one per (node, address) Prometheus scrapes, read
-    at `scheme`://instance, at most MAX_HOLDERS."""
-    agents = {
-        (h.node, h.instance): Agent(
-            node=h.node or h.instance,
-            namespace="",
-            pod="",
-            url=f"{scheme}://{h.instance}",
-            role="node",
+    """The agents to read for a workload, one per node (its first address, when a rollout
+    leaves two: documents are keyed by node), read at `scheme`://instance, at most
+    MAX_HOLDERS."""
+    agents: dict[str, Agent] = {}
+    for h in sorted(holders, key=lambda h: (h.node, h.instance)):
+        key = h.node or h.instance
+        agents.setdefault(
+            key, Agent(node=key, namespace="", pod="", url=f"{scheme}://{h.instance}", role="node")
         )
-        for h in holders
-    }
     return [agents[k] for k in sorted(agents)][:MAX_HOLDERS]
