@@ -4,8 +4,8 @@ server bounds the requests it works on at once and keeps answering /healthz.
 
 Clients: the vLLM scraper, the Ray state client, the pod informer's lists (Kubernetes),
 the DRA source's ResourceSlice lists,
-the kubelet PodResources client (gRPC: one deadline per call, a receive-size limit), and
-`gpuledger explain --from` (fetch_document).
+the kubelet PodResources client (gRPC: one deadline per call, a receive-size limit),
+`gpuledger explain --from` (fetch_document), and the fleet page's Prometheus queries.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import kubernetes.client
 import pytest
 
 from gpuledger.explain.chain import ExplainError, fetch_document
+from gpuledger.explain.prometheus import PrometheusAccess, PrometheusError
 from gpuledger.model.engines import EngineTarget
 from gpuledger.sim.fake_kubelet import FakeKubelet
 from gpuledger.sources.base import SourceError, SourceRunner
@@ -101,13 +102,30 @@ def dra_fetch(url: str) -> str | None:
     return None
 
 
+def prometheus_fetch(url: str) -> str | None:
+    """The fleet page's instant query (explain/prometheus.py)."""
+    client = PrometheusAccess(url).client(TIMEOUT, max_answer_bytes=CAP)
+    try:
+        client.query("namespace_workload_stage_reason:gpuledger_stage_reason_code:group")
+    except PrometheusError as exc:
+        return exc.reason
+    return None
+
+
 CLIENTS: dict[str, Callable[[str], str | None]] = {
+    "prometheus": prometheus_fetch,
     "vllm": vllm_fetch,
     "ray": ray_fetch,
     "kubernetes": kubernetes_fetch,
     "dra": dra_fetch,
 }
-TOO_LARGE = {"vllm": "too_large", "ray": "too_large", "kubernetes": "too_large", "dra": "too_large"}
+TOO_LARGE = {
+    "prometheus": "too_large",
+    "vllm": "too_large",
+    "ray": "too_large",
+    "kubernetes": "too_large",
+    "dra": "too_large",
+}
 
 
 @pytest.fixture

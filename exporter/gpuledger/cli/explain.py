@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gpuledger.cli.flags import EXIT_USAGE, agent_access
+from gpuledger.cli.flags import EXIT_USAGE, agent_access, prometheus_access
 from gpuledger.cli.simulate import NO_SIMULATOR, simulator_installed
 from gpuledger.document.v1 import LedgerDocument
 from gpuledger.explain.agents import (
@@ -19,6 +19,7 @@ from gpuledger.explain.agents import (
     ClusterError,
     FetchResult,
     connect,
+    fetch_documents,
     read_for_query,
 )
 from gpuledger.explain.chain import (
@@ -28,6 +29,8 @@ from gpuledger.explain.chain import (
     fetch_document,
     render_text,
 )
+from gpuledger.explain.prometheus import PrometheusAccess, PrometheusError
+from gpuledger.explain.recorded import holder_agents, read_holders
 from gpuledger.identity.urls import safe_url
 
 if TYPE_CHECKING:
@@ -78,6 +81,36 @@ def _discovered(args: argparse.Namespace, access: AgentAccess) -> FetchResult | 
         return EXIT_UNREACHABLE
 
 
+def _from_prometheus(
+    args: argparse.Namespace, prometheus: PrometheusAccess, access: AgentAccess
+) -> FetchResult | int:
+    """The documents of the agents whose series Prometheus has for the workload (and the
+    cluster view's, for its pods not placed), read directly with the --agent-* flags."""
+    if not args.workload:
+        print("gpuledger: error: --prometheus-url answers --workload only", file=sys.stderr)
+        return EXIT_USAGE
+    namespace, _, name = args.workload.rpartition("/")
+    try:
+        client = prometheus.client(args.timeout)
+    except AgentAccessError as exc:
+        print(f"gpuledger: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        holders = read_holders(
+            client,
+            namespace,
+            name,
+            args.timeout,
+            cluster_view=True,
+            selector=prometheus.selector,
+        )
+    except PrometheusError as exc:
+        print(f"gpuledger: error: Prometheus: {exc.message} ({exc.reason})", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    agents = holder_agents(holders, access.scheme)
+    return fetch_documents(agents, deadline_seconds=args.timeout, concurrency=32, access=access)
+
+
 def run_explain(args: argparse.Namespace) -> int:
     docs: list[LedgerDocument] = []
     failures: dict[str, str] = {}  # what could not be read, by agent or URL
@@ -101,7 +134,14 @@ def run_explain(args: argparse.Namespace) -> int:
             )
         except ExplainError as exc:
             failures[safe_url(url)] = str(exc)
-    if not args.scenario and not args.sources:
+    prometheus = prometheus_access(args)
+    if prometheus is not None and not args.scenario and not args.sources:
+        found = _from_prometheus(args, prometheus, access)
+        if isinstance(found, int):
+            return found
+        docs.extend(found.documents.values())
+        failures.update(found.failures)
+    elif not args.scenario and not args.sources:
         found = _discovered(args, access)
         if isinstance(found, int):
             return found

@@ -10,9 +10,12 @@ import re
 import socket
 from collections.abc import Callable
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from gpuledger import __version__
 from gpuledger.explain.agents import AgentAccess
+from gpuledger.explain.prometheus import PrometheusAccess
+from gpuledger.identity.urls import safe_url
 from gpuledger.web.server import parse_listen
 
 log = logging.getLogger("gpuledger")
@@ -355,6 +358,7 @@ def _add_cluster_view_flags(p: argparse.ArgumentParser) -> None:
         metavar="URL",
     )
     _add_agent_access_flags(p, serve=True)
+    _add_prometheus_flags(p, serve=True)
     _flag(
         p,
         "--web-config-file",
@@ -430,6 +434,96 @@ def _add_agent_access_flags(p: argparse.ArgumentParser, *, serve: bool) -> None:
     )
 
 
+def _add_prometheus_flags(p: argparse.ArgumentParser, *, serve: bool) -> None:
+    """Where the fleet's recording rules are read (explain/prometheus.py), and how."""
+    mode = "cluster mode: " if serve else ""
+    what = (
+        "the cluster page lists every workload from the mixin's recording rules there and "
+        "reads node agents only for the workload opened; unset: every agent is read"
+        if serve
+        else "with --workload: the agents holding the workload's series there are the ones "
+        "read (instead of the Kubernetes API's pod list)"
+    )
+    _flag(
+        p,
+        "--prometheus-url",
+        f"{mode}base URL of the Prometheus (or Thanos Query, Mimir) that scrapes the agents, "
+        f"e.g. http://prometheus.monitoring:9090: {what}",
+        env="PROMETHEUS_URL" if serve else None,
+        type=_http_url,
+        default=(_env("PROMETHEUS_URL") or None) if serve else None,
+        metavar="URL",
+    )
+    for flag, env, meaning, metavar in (
+        (
+            "--prometheus-bearer-token-file",
+            "PROMETHEUS_BEARER_TOKEN_FILE",
+            "file holding the token sent as Authorization: Bearer to Prometheus, re-read "
+            "on every query",
+            "PATH",
+        ),
+        (
+            "--prometheus-ca-file",
+            "PROMETHEUS_CA_FILE",
+            "CA bundle to verify Prometheus' certificate against instead of the system's CAs",
+            "PATH",
+        ),
+    ):
+        _flag(
+            p,
+            flag,
+            mode + meaning,
+            env=env if serve else None,
+            default=(_env(env) or None) if serve else None,
+            metavar=metavar,
+        )
+    _flag(
+        p,
+        "--prometheus-selector",
+        f'{mode}label matchers every query adds, e.g. cluster="prod": one cluster of a '
+        "Prometheus that holds several (Thanos, Mimir)",
+        env="PROMETHEUS_SELECTOR" if serve else None,
+        type=_label_matchers,
+        default=(_env("PROMETHEUS_SELECTOR") or "") if serve else "",
+        metavar="MATCHERS",
+    )
+    _flag(
+        p,
+        "--prometheus-server-name",
+        f"{mode}a DNS name Prometheus' certificate must carry (also sent as SNI)",
+        env="PROMETHEUS_SERVER_NAME" if serve else None,
+        type=_server_name,
+        default=(_env("PROMETHEUS_SERVER_NAME") or None) if serve else None,
+        metavar="NAME",
+    )
+
+
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
+_MATCHERS = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
+
+
+def _label_matchers(text: str) -> str:
+    """PromQL label matchers without braces: `cluster="prod"`, `a="x", b=~"y.*"`."""
+    if text and not _MATCHERS.match(text):
+        raise argparse.ArgumentTypeError(
+            f'{text[:80]!r}: expected label matchers such as cluster="prod"'
+        )
+    return text.strip()
+
+
+def _http_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+        raise argparse.ArgumentTypeError(
+            f"{safe_url(text)!r}: expected http(s)://HOST:PORT[/PATH], no query"
+        )
+    if parts.username or parts.password:
+        raise argparse.ArgumentTypeError(
+            "no credentials in the URL: use --prometheus-bearer-token-file"
+        )
+    return text
+
+
 def flag_reference(parser: argparse.ArgumentParser, command: str) -> list[str]:
     """The Markdown rows of `command`'s flags for README.md (checked by a test)."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -494,6 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_discovery_flags(ex)
     _add_agent_access_flags(ex, serve=False)
+    _add_prometheus_flags(ex, serve=False)
     ex.add_argument("--scenario", metavar="FILE", help="explain a simulated scenario instead")
     ex.add_argument("--phase", help="with --scenario: at this phase")
     what = ex.add_mutually_exclusive_group(required=True)
@@ -585,6 +680,20 @@ def readme_with_flag_tables(readme: str, parser: argparse.ArgumentParser) -> str
         table = "\n".join(flag_reference(parser, command))
         readme = f"{head}{begin}\n{table}\n{end}{tail}"
     return readme
+
+
+def prometheus_access(args: argparse.Namespace) -> PrometheusAccess | None:
+    """The PrometheusAccess of the --prometheus-* flags; None without --prometheus-url."""
+    url = getattr(args, "prometheus_url", None)
+    if not url:
+        return None
+    return PrometheusAccess(
+        url=url,
+        bearer_token_file=getattr(args, "prometheus_bearer_token_file", None) or None,
+        ca_file=getattr(args, "prometheus_ca_file", None) or None,
+        server_name=getattr(args, "prometheus_server_name", None) or None,
+        selector=getattr(args, "prometheus_selector", "") or "",
+    )
 
 
 def agent_access(args: argparse.Namespace) -> AgentAccess:

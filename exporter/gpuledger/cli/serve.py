@@ -12,12 +12,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from gpuledger.cli.flags import DEFAULT_PODRESOURCES, EXIT_USAGE, _list, agent_access
+from gpuledger.cli.flags import (
+    DEFAULT_PODRESOURCES,
+    EXIT_USAGE,
+    _list,
+    agent_access,
+    prometheus_access,
+)
 from gpuledger.explain.agents import (
     AgentAccessError,
 )
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.web import cluster_page
+from gpuledger.web.fleet_page import FleetPage
 from gpuledger.web.server import Exporter, LedgerPage, node_ledger_page, serve
 from gpuledger.web.webconfig import WebConfigError, load_web_config
 
@@ -92,8 +99,10 @@ def run_exporter(
 
 
 def cluster_ledger_page(config: PipelineConfig, args: argparse.Namespace) -> LedgerPage | None:
-    """The cluster view's /ledger: the agents of --agent-url, and those the Kubernetes API
-    lists when it is on, read as the --agent-* flags say. None (after saying why) for a bad
+    """The cluster view's /ledger: with --prometheus-url, the fleet page (every workload
+    from the recording rules, the agents of the one opened); else the agents of
+    --agent-url, and those the Kubernetes API lists when it is on, read as the --agent-*
+    flags say. None (after saying why) for a bad
     --agent-url or an --agent-ca-file or --agent-auth-file that cannot be used."""
     urls = _list(getattr(args, "agent_url", None), "AGENT_URLS")
     for url in urls:
@@ -110,6 +119,14 @@ def cluster_ledger_page(config: PipelineConfig, args: argparse.Namespace) -> Led
     except AgentAccessError as exc:
         print(f"gpuledger: error: {exc}", file=sys.stderr)
         return None
+    prometheus = prometheus_access(args)
+    if prometheus is not None:
+        try:
+            prometheus.client(config.source_deadline_seconds)  # the files, checked once
+        except AgentAccessError as exc:
+            print(f"gpuledger: error: {exc}", file=sys.stderr)
+            return None
+        return FleetPage(prometheus, deadline_seconds=config.source_deadline_seconds, access=access)
     return cluster_page.for_cluster_view(
         urls,
         kubernetes=config.kubernetes,

@@ -157,25 +157,7 @@ class AgentAccess:
         return Credentials(self._tls_context(), self._headers())
 
     def _tls_context(self) -> ssl.SSLContext | None:
-        if not self.ca_file and not self.server_name:
-            return None
-        context = _ServerNameContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, TLS 1.2+
-        context.server_name = self.server_name
-        if not self.ca_file:
-            context.load_default_certs()
-            return context
-        try:
-            context.load_verify_locations(cafile=self.ca_file)
-        except OSError as exc:  # ssl.SSLError is one too: not a PEM certificate
-            why = (
-                "no CA certificate in it"
-                if isinstance(exc, ssl.SSLError)
-                else f"cannot read it: {exc.strerror or type(exc).__name__}"
-            )
-            raise AgentAccessError(f"--agent-ca-file {self.ca_file}: {why}") from None
-        if not self.server_name:
-            context.check_hostname = False  # the chain is verified, not the pod IP
-        return context
+        return verified_tls_context(self.ca_file, self.server_name, ca_flag="--agent-ca-file")
 
     def _headers(self) -> dict[str, str]:
         if not self.auth_file:
@@ -195,6 +177,32 @@ class AgentAccess:
                 f"--agent-auth-file {self.auth_file}: expected one line USER:PASSWORD"
             )
         return {"Authorization": "Basic " + base64.b64encode(line).decode("ascii")}
+
+
+def verified_tls_context(
+    ca_file: str | None, server_name: str | None, *, ca_flag: str
+) -> ssl.SSLContext | None:
+    """The TLS context of a CA file and a server name (AgentAccess's rules; the Prometheus
+    reader's too); None without either. AgentAccessError names `ca_flag` and the file."""
+    if not ca_file and not server_name:
+        return None
+    context = _ServerNameContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, TLS 1.2+
+    context.server_name = server_name
+    if not ca_file:
+        context.load_default_certs()
+        return context
+    try:
+        context.load_verify_locations(cafile=ca_file)
+    except OSError as exc:  # ssl.SSLError is one too: not a PEM certificate
+        why = (
+            "no CA certificate in it"
+            if isinstance(exc, ssl.SSLError)
+            else f"cannot read it: {exc.strerror or type(exc).__name__}"
+        )
+        raise AgentAccessError(f"{ca_flag} {ca_file}: {why}") from None
+    if not server_name:
+        context.check_hostname = False  # the chain is verified, not the pod IP
+    return context
 
 
 class _ServerNameContext(ssl.SSLContext):

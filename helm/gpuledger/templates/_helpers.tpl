@@ -202,6 +202,70 @@ certificate and key when their files change.
 {{- end -}}
 
 {{/*
+cluster.prometheus: the fleet page's Prometheus (GPULEDGER_PROMETHEUS_* = serve's
+--prometheus-* flags); its token and CA mounted as files, never environment values.
+*/}}
+{{- define "gpuledger.prometheusEnv" -}}
+{{- $p := .Values.cluster.prometheus -}}
+{{- if $p.url }}
+- name: GPULEDGER_PROMETHEUS_URL
+  value: {{ $p.url | quote }}
+{{- if $p.bearerTokenSecretName }}
+- name: GPULEDGER_PROMETHEUS_BEARER_TOKEN_FILE
+  value: {{ printf "/etc/gpuledger/prometheus-token/%s" $p.bearerTokenKey | quote }}
+{{- end }}
+{{- if $p.caSecretName }}
+- name: GPULEDGER_PROMETHEUS_CA_FILE
+  value: {{ printf "/etc/gpuledger/prometheus-ca/%s" $p.caKey | quote }}
+{{- end }}
+{{- with $p.serverName }}
+- name: GPULEDGER_PROMETHEUS_SERVER_NAME
+  value: {{ . | quote }}
+{{- end }}
+{{- with $p.selector }}
+- name: GPULEDGER_PROMETHEUS_SELECTOR
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.prometheusVolume" -}}
+{{- $p := .Values.cluster.prometheus -}}
+{{- if and $p.url $p.bearerTokenSecretName }}
+- name: prometheus-token
+  secret:
+    secretName: {{ $p.bearerTokenSecretName }}
+    defaultMode: 0440
+    items:
+      - key: {{ $p.bearerTokenKey }}
+        path: {{ $p.bearerTokenKey }}
+{{- end }}
+{{- if and $p.url $p.caSecretName }}
+- name: prometheus-ca
+  secret:
+    secretName: {{ $p.caSecretName }}
+    defaultMode: 0440
+    items:
+      - key: {{ $p.caKey }}
+        path: {{ $p.caKey }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.prometheusMount" -}}
+{{- $p := .Values.cluster.prometheus -}}
+{{- if and $p.url $p.bearerTokenSecretName }}
+- name: prometheus-token
+  mountPath: /etc/gpuledger/prometheus-token
+  readOnly: true
+{{- end }}
+{{- if and $p.url $p.caSecretName }}
+- name: prometheus-ca
+  mountPath: /etc/gpuledger/prometheus-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/*
 cluster.agentAccess: how the cluster view's cluster-wide /ledger reads the node agents'
 /ledger.json when exporter.webConfig protects them (GPULEDGER_AGENT_* = serve's --agent-*
 flags). With exporter.webConfig.tls: https, verified against cluster.agentAccess.caSecretName's
