@@ -20,7 +20,7 @@ from gpuledger.identity.sockets import (
 )
 from gpuledger.model.procfs import ListenSocket, ProcessInfo, ProcessSockets
 from gpuledger.sources.procfs import sockets as procfs_sockets
-from gpuledger.sources.procfs.sockets import api_servers, read_sockets
+from gpuledger.sources.procfs.sockets import BoundSockets, api_servers, read_sockets
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "procfs"
 
@@ -239,3 +239,39 @@ def test_fd_scan_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert got.state == "read"
     assert len(os.listdir(tmp_path / "10" / "fd")) == 4
     assert got.listening in ((), (ListenSocket("0.0.0.0", 0x1F40),))
+
+
+def _start(tmp_path: Path, pid: int, start: int) -> None:
+    fields = " ".join(["0"] * 17)
+    (tmp_path / str(pid) / "stat").write_text(f"{pid} (vllm) S 1 {fields} {start}\n")
+
+
+def test_a_bound_server_is_not_read_again_while_it_is_the_same_process(tmp_path: Path) -> None:
+    tcp = _table([_line(0, "00000000:1F40", "0A", 501)])
+    _root(tmp_path, 10, 1, [501], tcp)
+    _start(tmp_path, 10, 4242)
+    bound = BoundSockets()
+    first = bound.read(str(tmp_path), [10], time.monotonic() + 5)[10]
+    (tmp_path / "10" / "net" / "tcp").write_text("")  # a re-read would find no listener
+    assert bound.read(str(tmp_path), [10], time.monotonic() + 5)[10] == first
+    _start(tmp_path, 10, 4343)  # the PID names another process now: read again
+    assert bound.read(str(tmp_path), [10], time.monotonic() + 5)[10].listening == ()
+
+
+def test_a_server_not_listening_yet_is_read_every_cycle(tmp_path: Path) -> None:
+    _root(tmp_path, 10, 1, [501], _table([]))
+    _start(tmp_path, 10, 4242)
+    bound = BoundSockets()
+    assert bound.read(str(tmp_path), [10], time.monotonic() + 5)[10].listening == ()
+    (tmp_path / "10" / "net" / "tcp").write_text(_table([_line(0, "00000000:1F40", "0A", 501)]))
+    assert [
+        s.port for s in bound.read(str(tmp_path), [10], time.monotonic() + 5)[10].listening
+    ] == [0x1F40]
+
+
+def test_without_a_start_time_nothing_is_kept(tmp_path: Path) -> None:
+    _root(tmp_path, 10, 1, [501], _table([_line(0, "00000000:1F40", "0A", 501)]))
+    bound = BoundSockets()
+    assert bound.read(str(tmp_path), [10], time.monotonic() + 5)[10].listening
+    (tmp_path / "10" / "net" / "tcp").write_text("")
+    assert bound.read(str(tmp_path), [10], time.monotonic() + 5)[10].listening == ()

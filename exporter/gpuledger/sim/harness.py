@@ -175,6 +175,14 @@ def _status(proc: SimProcess) -> str:
     )
 
 
+def _stat(proc: SimProcess) -> str:
+    """`stat` as the kernel writes it, up to field 22 (the start time: one per PID here,
+    as a process keeps its own)."""
+    comm = Path(proc.cmdline[0]).name[:_COMM_LIMIT]
+    middle = " ".join(["0"] * 17)  # fields 5-21
+    return f"{proc.pid} ({comm}) S {proc.ppid} {middle} {1000 + proc.pid}\n"
+
+
 def write_proc_root(root: Path, processes: tuple[SimProcess, ...]) -> None:
     """Rewrite the synthetic proc root to hold exactly `processes`."""
     root.mkdir(parents=True, exist_ok=True)
@@ -187,6 +195,7 @@ def write_proc_root(root: Path, processes: tuple[SimProcess, ...]) -> None:
         base.mkdir(exist_ok=True)
         files = {
             "status": _status(proc).encode(),
+            "stat": _stat(proc).encode(),
             "cmdline": b"".join(a.encode() + b"\0" for a in proc.cmdline),
             "comm": (Path(proc.cmdline[0]).name[:_COMM_LIMIT] + "\n").encode(),
             "cgroup": (proc.cgroup.rstrip("\n") + "\n").encode(),

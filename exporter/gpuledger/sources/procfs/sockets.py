@@ -11,6 +11,11 @@ listening socket at start, so it has a low number) and MAX_TABLE_LINES lines of 
 (listeners come first: reading stops at the first established-side line), all under one
 deadline inside the procfs source's. Reading fds and `ns/net` is the same ptrace read
 check as `environ` (SYS_PTRACE); without it a server is `unreadable`, never an error.
+
+Kept once bound (:class:`BoundSockets`): an API server opens its listening socket once
+and holds it until it exits, so a server seen listening is not read again while its PID
+names the same process (its start time in `stat` unchanged). A server not listening yet
+(vLLM binds its port after the model loads), unreadable or timed out is read every cycle.
 """
 
 from __future__ import annotations
@@ -49,14 +54,47 @@ def api_servers(procs: Mapping[int, ProcessInfo]) -> set[int]:
 
 def read_sockets(root: str, pids: Iterable[int], deadline: float) -> dict[int, ProcessSockets]:
     """Each PID's listening sockets, or why they are unknown; returns by `deadline`."""
-    tables: dict[int, Mapping[int, ListenSocket] | None] = {}
-    found: dict[int, ProcessSockets] = {}
-    for pid in sorted(pids):
-        try:
-            found[pid] = _process_sockets(root, pid, tables, deadline)
-        except _Timeout:
-            found[pid] = ProcessSockets("timeout")
-    return found
+    return BoundSockets().read(root, pids, deadline)
+
+
+class BoundSockets:
+    """Reads API servers' listening sockets, keeping each bound server's from one cycle
+    to the next (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[int, ProcessSockets]] = {}  # pid -> (start time, ...)
+
+    def read(self, root: str, pids: Iterable[int], deadline: float) -> dict[int, ProcessSockets]:
+        """Each PID's listening sockets, or why they are unknown; returns by `deadline`.
+        Servers no longer asked for are forgotten."""
+        tables: dict[int, Mapping[int, ListenSocket] | None] = {}
+        found: dict[int, ProcessSockets] = {}
+        kept: dict[int, tuple[int, ProcessSockets]] = {}
+        for pid in sorted(pids):
+            start = _start_time(root, pid)
+            before = self._kept.get(pid)
+            if start is not None and before is not None and before[0] == start:
+                found[pid], kept[pid] = before[1], before
+                continue
+            try:
+                found[pid] = _process_sockets(root, pid, tables, deadline)
+            except _Timeout:
+                found[pid] = ProcessSockets("timeout")
+            if start is not None and found[pid].state == "read" and found[pid].listening:
+                kept[pid] = (start, found[pid])
+        self._kept = kept
+        return found
+
+
+def _start_time(root: str, pid: int) -> int | None:
+    """The process's start time (clock ticks since boot, `stat` field 22): with the PID,
+    what names one process across cycles. None when it cannot be read."""
+    try:
+        with open(f"{root}/{pid}/stat", "rb") as f:
+            fields = f.read(4096).rpartition(b")")[2].split()
+        return int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _process_sockets(

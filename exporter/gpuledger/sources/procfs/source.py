@@ -27,7 +27,7 @@ from gpuledger.model.engines import ENGINES
 from gpuledger.model.nvml import NVML
 from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
 from gpuledger.sources.base import Source, SourceError
-from gpuledger.sources.procfs.sockets import api_servers, read_sockets
+from gpuledger.sources.procfs.sockets import BoundSockets, api_servers
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,7 @@ class ProcfsSource(Source[ProcSnapshot]):
         # The API servers' listening sockets get this long, inside the source's deadline,
         # and so does the engine scan.
         self.socket_seconds = socket_seconds
+        self._sockets = BoundSockets()
 
     def fetch(self, inputs: Snapshots) -> ProcSnapshot:
         nvml = inputs.get(NVML)
@@ -189,7 +190,7 @@ class ProcfsSource(Source[ProcSnapshot]):
             )
         # Which API server listens on which port: how each target finds its own server.
         deadline = time.monotonic() + self.socket_seconds
-        sockets = read_sockets(self._root, api_servers(found), deadline)
+        sockets = self._sockets.read(self._root, api_servers(found), deadline)
         return ProcSnapshot(processes=frozen_map(found), sockets=frozen_map(sockets))
 
     def engine_pids(self, deadline: float) -> list[int]:
