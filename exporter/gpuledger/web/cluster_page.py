@@ -418,6 +418,27 @@ def _page(title: str, body: str, docs: Sequence[LedgerDocument]) -> str:
 """
 
 
+def not_placed_tables(docs: Sequence[LedgerDocument]) -> str:
+    """The pods and the Ray work not placed, as every cluster page shows them (from the
+    cluster view's own document, Prometheus or not)."""
+    return (
+        "<h2>Pods not placed</h2>"
+        + _table(
+            "pending",
+            ["pod", "workload", "reason", "GPUs", "waiting since"],
+            _pending_rows(docs),
+            "every GPU pod is placed",
+        )
+        + "<h2>Ray work not placed</h2>"
+        + _table(
+            "ray",
+            ["workload", "seen by", "placement groups", "GPUs waiting"],
+            _ray_rows(docs),
+            "no Ray cluster configured",
+        )
+    )
+
+
 def _table(table_id: str, headings: Sequence[str], rows: Sequence[str], empty: str) -> str:
     head = "".join(f"<th>{h}</th>" for h in headings)
     body = "".join(rows) or f"<tr><td colspan={len(headings)} class=muted>{empty}</td></tr>"
@@ -449,20 +470,7 @@ def render_overview(own: LedgerDocument, reading: Reading, ttl: float, now: floa
             _workload_rows(fleet, judged),
             "no GPU workloads",
         )
-        + "<h2>Pods not placed</h2>"
-        + _table(
-            "pending",
-            ["pod", "workload", "reason", "GPUs", "waiting since"],
-            _pending_rows(docs),
-            "every GPU pod is placed",
-        )
-        + "<h2>Ray work not placed</h2>"
-        + _table(
-            "ray",
-            ["workload", "seen by", "placement groups", "GPUs waiting"],
-            _ray_rows(docs),
-            "no Ray cluster configured",
-        )
+        + not_placed_tables(docs)
         + "<h2>Node agents</h2>"
         + _table(
             "agents",

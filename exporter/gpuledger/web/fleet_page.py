@@ -47,12 +47,11 @@ from gpuledger.web.cluster_page import (
     _lines,
     _next_step,
     _page,
-    _pending_rows,
-    _ray_rows,
     _source,
     _table,
     _when,
     _workload_link,
+    not_placed_tables,
     render_workload,
 )
 
@@ -276,19 +275,6 @@ def render_fleet(own: LedgerDocument, overview: FleetOverview | str, where: str)
             rows,
             "no workloads in Prometheus" if not isinstance(overview, str) else "not read",
         )
-        + "<h2>Pods not placed</h2>"
-        + _table(
-            "pending",
-            ["pod", "workload", "reason", "GPUs", "waiting since"],
-            _pending_rows(docs),
-            "every GPU pod is placed",
-        )
-        + "<h2>Ray work not placed</h2>"
-        + _table(
-            "ray",
-            ["workload", "seen by", "placement groups", "GPUs waiting"],
-            _ray_rows(docs),
-            "no Ray cluster configured",
-        )
+        + not_placed_tables(docs)
     )
     return _page("gpuledger ledger: the cluster", body, docs)
