@@ -58,7 +58,7 @@ def test_explain_by_gpu_gives_the_saturated_engine_and_its_verdict() -> None:
     assert "queue: 40 waiting, 4 running, KV cache 30%" in text
     assert f"engine core rank 0 holds {GPU_A}" in text
     assert "running = --max-num-seqs 4 with KV headroom" in text
-    assert "Raise --max-num-seqs" in text
+    assert "Raise the batch-slot bound (vLLM --max-num-seqs, SGLang --max-running-requests)" in text
     assert judged(explain([doc()], gpu=GPU_B)) == [("", "vllm-b.service", "idle", None)]
 
 

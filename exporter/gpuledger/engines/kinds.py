@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuledger.model.engines import ServerInfo
+from gpuledger.model.serverinfo import ServerInfo
 
 # The generic configuration keys (the config_info labels) the join itself reads.
 TENSOR_PARALLEL_SIZE = "tensor_parallel_size"

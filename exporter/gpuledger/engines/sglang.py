@@ -62,7 +62,7 @@ from gpuledger.engines.kinds import (
     MetricName,
 )
 from gpuledger.model.base import frozen_map
-from gpuledger.model.engines import ServerInfo
+from gpuledger.model.serverinfo import ServerInfo
 
 NAME = "sglang"
 TITLE_PREFIX = "sglang::"

@@ -28,9 +28,9 @@ from gpuledger.model.engines import (
     EngineScrape,
     EnginesSnapshot,
     EngineTarget,
-    ServerInfo,
 )
 from gpuledger.model.procfs import ProcessInfo, ProcessSockets
+from gpuledger.model.serverinfo import ServerInfo
 
 
 @dataclass(frozen=True)

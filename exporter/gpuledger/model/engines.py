@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from gpuledger.model.base import frozen_map
 from gpuledger.model.bundle import Key
+from gpuledger.model.serverinfo import ServerInfo
 
 Origin = Literal["static", "annotation", "prometheus_annotation"]
 
@@ -64,17 +65,6 @@ class EngineTarget:
     @property
     def endpoint(self) -> str:
         return endpoint_of(self.url)
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What an engine's own server-info endpoint says of its resolved configuration
-    (SGLang's `/server_info`), whitelisted: `config` under the generic configuration keys
-    (as strings, as flags are), and the batch-slot bound its schedulers actually use
-    (`max_num_seqs`, after they fitted it to the KV pool), when they all agree."""
-
-    config: Mapping[str, str] = field(default_factory=frozen_map)
-    effective_max_num_seqs: str | None = None
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,9 @@ from gpuledger.model.engines import (
     EngineScrape,
     EnginesSnapshot,
     EngineTarget,
-    ServerInfo,
 )
 from gpuledger.model.kubernetes import PODS
+from gpuledger.model.serverinfo import ServerInfo
 from gpuledger.net.httpclient import HttpClient, HttpError
 from gpuledger.sources.base import CpuMeter, Source
 from gpuledger.sources.engines.discovery import discover_targets
