@@ -69,7 +69,15 @@ def run_exporter(
         simulated=config.simulated,
     )
     try:
-        httpd = serve(exporter, args.listen, config.node, config.mode, web, ledger_page=ledger_page)
+        httpd = serve(
+            exporter,
+            args.listen,
+            config.node,
+            config.mode,
+            web,
+            ledger_page=ledger_page,
+            spans=pipeline.span_sink,
+        )
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         print(f"gpuledger: error: cannot listen on {args.listen}: {reason}", file=sys.stderr)
@@ -87,6 +95,8 @@ def run_exporter(
     )
     if banner:
         print(banner.format(url=f"http://localhost:{port}"), flush=True)
+    if on_tick is not None:
+        on_tick.serving(f"http://127.0.0.1:{port}")
     # A signal sets `stop` at once; the wait's period only paces the simulator's ticks.
     while not stop.wait(0.5 if on_tick is not None else 5.0):
         if on_tick is not None:
@@ -192,4 +202,7 @@ def serve_config(args: argparse.Namespace) -> PipelineConfig:
         ray_address=args.ray_address,
         ray_token=_read_token(args.ray_token_file),
         ray_workload=ray_workload(args.ray_address, args.ray_workload),
+        otlp_receiver=args.mode == "node" and args.otlp_receiver == "on",
+        otlp_grpc_listen=args.otlp_grpc_listen,
+        otlp_max_body_bytes=args.otlp_max_body_bytes,
     )
