@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuledger.document.codec import to_json
+from gpuledger.document.codec import decode, to_json
 from gpuledger.document.v1 import (
     EngineDoc,
     EngineStateDoc,
@@ -239,31 +239,30 @@ def _clock(at: float | None, arrived: float) -> str:
     return "not recorded" if at is None else f"+{_seconds(at - arrived)}"
 
 
-def request_lines(shown: Mapping[str, Any]) -> list[str]:
-    """The text of one request (its JSON, as explain --json writes it)."""
-    r = shown["request"]
-    arrived = float(r["arrived_at"])
+def request_lines(shown: RequestShown) -> list[str]:
+    r = shown.request
+    arrived = r.arrived_at
     lines = [
-        f"request {r['request_id']}  trace {r['trace_id']}  on {shown['node']}",
-        f"  engine {shown['model_name'] or '(not tied)'}  target {shown['target'] or '-'}  "
-        f"DP rank {shown['engine'] or '-'}  tied by {_rule(shown)}",
+        f"request {r.request_id}  trace {r.trace_id}  on {shown.node}",
+        f"  engine {shown.model_name or '(not tied)'}  target {shown.target or '-'}  "
+        f"DP rank {shown.engine or '-'}  tied by {_rule(shown)}",
         "  timeline (the engine's clock, from its arrival):",
         "    arrived      +0 ms",
-        f"    scheduled    {_clock(shown['scheduled_at'], arrived)}  (queued "
-        f"{_seconds(r['queue_seconds'])})",
-        f"    first token  {_clock(shown['first_token_at'], arrived)}",
-        f"    finished     +{_seconds(float(r['finished_at']) - arrived)}  (in the model "
-        f"{_seconds(r['inference_seconds'])}: prefill {_seconds(r['prefill_seconds'])}, "
-        f"decode {_seconds(r['decode_seconds'])}; {r['prompt_tokens']} prompt, "
-        f"{r['completion_tokens']} generated tokens)",
-        f"  waited: {_WAITED[shown['waited_in']]}",
+        f"    scheduled    {_clock(shown.scheduled_at, arrived)}  (queued "
+        f"{_seconds(r.queue_seconds)})",
+        f"    first token  {_clock(shown.first_token_at, arrived)}",
+        f"    finished     +{_seconds(r.finished_at - arrived)}  (in the model "
+        f"{_seconds(r.inference_seconds)}: prefill {_seconds(r.prefill_seconds)}, "
+        f"decode {_seconds(r.decode_seconds)}; {_count(r.prompt_tokens)} prompt, "
+        f"{_count(r.completion_tokens)} generated tokens)",
+        f"  waited: {_WAITED[shown.waited_in]}",
     ]
     lines += _state_lines(shown)
     lines += [
-        f"  router {x['service_name']} {x['name'] or '(span name not kept)'} on {x['node']}: "
-        f"started {_seconds(x['before_engine_seconds'])} before the engine saw it, "
-        f"took {_seconds(float(x['finished_at']) - float(x['started_at']))} in all"
-        for x in shown["routers"]
+        f"  router {x.service_name} {x.name or '(span name not kept)'} on {x.node}: "
+        f"started {_seconds(x.before_engine_seconds)} before the engine saw it, "
+        f"took {_seconds(x.finished_at - x.started_at)} in all"
+        for x in shown.routers
     ] or ["  router: no router span in this trace was received"]
     return lines
 
@@ -273,35 +272,35 @@ _WAITED = {
     "model": "not in the engine's queue: its time went to the model (prefill, decode)",
     "not_recorded": "not recorded (this engine version sends no queue time)",
 }
+_RULES = {
+    "k8s_pod_uid": "k8s.pod.uid + the API server's NSpid",
+    "peer_pod": "the sender's pod IP + the API server's NSpid",
+    "host_pid": "a host process on loopback + its PID",
+}
 
 
-def _rule(shown: Mapping[str, Any]) -> str:
-    if shown["joined_by"] == "none":
-        return f"no rule: {shown['untied_reason']}"
-    return {
-        "k8s_pod_uid": "k8s.pod.uid + the API server's NSpid",
-        "peer_pod": "the sender's pod IP + the API server's NSpid",
-        "host_pid": "a host process on loopback + its PID",
-    }.get(shown["joined_by"], shown["joined_by"])
+def _rule(shown: RequestShown) -> str:
+    if shown.joined_by == "none":
+        return f"no rule: {shown.untied_reason}"
+    return _RULES.get(shown.joined_by, shown.joined_by)
 
 
-def _state_lines(shown: Mapping[str, Any]) -> list[str]:
-    if shown["waited_in"] != "engine_queue":
+def _state_lines(shown: RequestShown) -> list[str]:
+    if shown.waited_in != "engine_queue":
         return []
-    if not shown["states"]:
+    if not shown.states:
         return ["  engine state while it waited: not recorded (no sample that close)"]
     lines = ["  engine state while it waited (the agent's clock):"]
-    for x in shown["states"]:
-        kv = x["kv_cache_usage_ratio"]
+    for x in shown.states:
+        kv = "?" if x.kv_cache_usage_ratio is None else f"{x.kv_cache_usage_ratio:.0%}"
         lines.append(
-            f"    {x['when']} ({_signed(x['offset_seconds'])} from arrival): "
-            f"{_count(x['running'])} running of max_num_seqs {x['max_num_seqs'] or '?'}, "
-            f"{_count(x['waiting'])} waiting, KV cache "
-            f"{'?' if kv is None else f'{kv:.0%}'}"
-            + (f" -> {x['reason']}" if x["reason"] else " -> not queueing")
+            f"    {x.when} ({_signed(x.offset_seconds)} from arrival): "
+            f"{_count(x.running)} running of max_num_seqs {_count(x.max_num_seqs)}, "
+            f"{_count(x.waiting)} waiting, KV cache {kv}"
+            + (f" -> {x.reason}" if x.reason else " -> not queueing")
         )
-    if shown["reason"]:
-        lines.append(f"  why it waited: {shown['reason']} ({_REASON_TEXT[shown['reason']]})")
+    if shown.reason:
+        lines.append(f"  why it waited: {shown.reason} ({_REASON_TEXT[shown.reason]})")
     return lines
 
 
@@ -373,5 +372,6 @@ def _without_chain(docs: Sequence[LedgerDocument]) -> dict[str, Any]:
 def render_request_text(result: Mapping[str, Any]) -> str:
     chain = render_text(result).splitlines()
     banner = chain[:1] if chain and chain[0].startswith("SIMULATED") else []
-    lines = [line for shown in result["requests"] for line in request_lines(shown)]
+    shown = [decode(RequestShown, r) for r in result.get("requests", ())]
+    lines = [line for one in shown for line in request_lines(one)]
     return "\n".join([*banner, *(printable(x) for x in lines), *chain[len(banner) :]]) + "\n"
