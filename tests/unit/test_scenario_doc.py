@@ -71,7 +71,10 @@ def skeleton() -> dict[str, Any]:
             "slices": [{"devices": [{"name": "gpu-0", "gpu": GPU}]}],
             "claims": [{"name": "c"}],
         },
-        "engines": [{"kind": "sglang", "pod": "default/p", "engines": [{}], "server_info": {}}],
+        "engines": [
+            {"kind": "sglang", "pod": "default/p", "engines": [{}], "server_info": {}},
+            {"kind": "vllm", "name": "v", "engines": [{}], "requests": [{"id": "r-1"}]},
+        ],
         "ray": {
             "nodes": [{"name": "head"}],
             "actors": [{}],

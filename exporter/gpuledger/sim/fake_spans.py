@@ -18,6 +18,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from gpuledger.engines.kinds import EngineKind
 from gpuledger.sim.scenario import SimRequest
 
 SERVE_PROXY_SERVICE = "ray-serve-proxy"
@@ -47,7 +48,7 @@ def _span_id(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()[:8]
 
 
-def _engine_span(r: SimRequest, arrived_ns: int) -> Span:
+def _engine_span(r: SimRequest, arrived_ns: int, name: str) -> Span:
     ttft = r.queue + r.prefill
     e2e = ttft + r.decode
     parent = _span_id(f"router/{r.id}") if r.router else b""
@@ -55,7 +56,7 @@ def _engine_span(r: SimRequest, arrived_ns: int) -> Span:
         trace_id=bytes.fromhex(r.trace_id),
         span_id=_span_id(f"engine/{r.id}"),
         parent_span_id=parent,
-        name="llm_request",
+        name=name,
         kind=Span.SpanKind.SPAN_KIND_SERVER,
         start_time_unix_nano=arrived_ns,
         end_time_unix_nano=arrived_ns + int(e2e * 1e9),
@@ -86,24 +87,37 @@ def _router_span(r: SimRequest, arrived_ns: int) -> Span:
     )
 
 
-def _resource(service: str, instance: str, process_id: int | None) -> Resource:
+def _resource(service: str, instance: str, process_id: tuple[str, int] | None) -> Resource:
     attributes = [_kv("service.name", service), _kv("service.instance.id", instance)]
     if process_id is not None:
-        attributes.append(_kv("vllm.process_id", str(process_id)))
+        attributes.append(_kv(process_id[0], str(process_id[1])))
     return Resource(attributes=attributes)
 
 
 def export_body(
-    requests: Sequence[SimRequest], phase_start_ns: int, *, service: str, process_id: int | None
+    requests: Sequence[SimRequest],
+    phase_start_ns: int,
+    *,
+    kind: EngineKind,
+    process_id: int | None,
 ) -> bytes:
-    """The engine's export request for `requests`, arrivals counted from phase_start_ns."""
-    engine = [_engine_span(r, phase_start_ns + int(r.after * 1e9)) for r in requests]
+    """The engine's export request for `requests`, arrivals counted from phase_start_ns;
+    its service name is the kind's name (vLLM's default OTEL_SERVICE_NAME)."""
+    assert kind.spans is not None, kind.name
+    service, names = kind.name, kind.spans
+    engine = [
+        _engine_span(r, phase_start_ns + int(r.after * 1e9), names.span_name) for r in requests
+    ]
     routed = [_router_span(r, phase_start_ns + int(r.after * 1e9)) for r in requests if r.router]
     instance = hashlib.sha256(service.encode()).hexdigest()[:32]
     message = ExportTraceServiceRequest(
         resource_spans=[
             ResourceSpans(
-                resource=_resource(service, instance, process_id),
+                resource=_resource(
+                    service,
+                    instance,
+                    None if process_id is None else (names.process_id, process_id),
+                ),
                 scope_spans=[ScopeSpans(spans=engine)],
             )
         ]

@@ -650,7 +650,7 @@ class SimulatedNode:
             body = export_body(
                 sim.requests,
                 phase_start_ns,
-                service="vllm",
+                kind=BY_NAME[sim.kind],
                 process_id=_sender_pid(sim, state),
             )
             batches.append(SpanBatch(self.engines[sim.key].host, body))
@@ -737,15 +737,16 @@ def _sender_pid(sim: SimEngineServer, state: Scenario) -> int | None:
     """vllm.process_id: the engine's API server's PID in its own namespace (the last
     NSpid entry), as vLLM reports os.getpid()."""
     procs = {p.pid: p for p in state.processes}
+    prefix = BY_NAME[sim.kind].title_prefix
     pid = sim.api_server
     if pid is None:
         servers = {
             p.ppid
             for p in state.processes
             if p.cmdline[:1]
-            and p.cmdline[0].startswith("VLLM::")
+            and p.cmdline[0].startswith(prefix)
             and p.ppid in procs
-            and not procs[p.ppid].cmdline[0].startswith("VLLM::")
+            and not procs[p.ppid].cmdline[0].startswith(prefix)
         }
         pod = next((p for p in state.pods or () if f"{p.namespace}/{p.name}" == sim.pod), None)
         mark = pod.uid.replace("-", "_") if pod is not None else None
@@ -756,7 +757,7 @@ def _sender_pid(sim: SimEngineServer, state: Scenario) -> int | None:
     return (procs[pid].nspid or (pid,))[-1]
 
 
-def _deliver_spans(node: SimulatedNode, state: Scenario, pipeline: Pipeline) -> None:
+def deliver_spans(node: SimulatedNode, state: Scenario, pipeline: Pipeline) -> None:
     """Without an HTTP server: the engines' spans handed to the receiver, each from its
     engine's address, after one cycle so that the engine's state before them is sampled."""
     sink = pipeline.span_sink
@@ -776,7 +777,7 @@ def settled_document(scenario: Scenario, deadline_seconds: float = 5.0) -> Ledge
         try:
             pipeline.warm_up(deadline_seconds)
             give_up = time.monotonic() + deadline_seconds
-            _deliver_spans(node, scenario, pipeline)
+            deliver_spans(node, scenario, pipeline)
             while True:
                 published = pipeline.cycle()
                 down = [s for s in published.ledger.sources if s.state == "down"]

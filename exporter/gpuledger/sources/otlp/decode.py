@@ -24,30 +24,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from gpuledger.engines import KINDS
+from gpuledger.engines.kinds import RequestSpans
 from gpuledger.model.spans import EngineRequestSpan, RouterSpan, SpanKind, SpanSender
 
-# vLLM's request span (vllm/tracing.py: one SERVER span per finished request).
-ENGINE_SPAN = "llm_request"
 # Router span names kept, by their first word (Ray Serve 2.60 appends the deployment,
 # method and route: those words are dropped).
 KNOWN_ROUTER_SPANS = frozenset(
     {"proxy_http_request", "proxy_grpc_request", "route_to_replica", "replica_handle_request"}
 )
-# A span attribute read into EngineRequestSpan, by its field. Names from vLLM's
-# SpanAttributes (0.32; time_in_scheduler and response.model in releases that send them).
-_FLOAT_ATTRIBUTES = {
-    "gen_ai.latency.time_in_queue": "queue_seconds",
-    "gen_ai.latency.time_to_first_token": "ttft_seconds",
-    "gen_ai.latency.e2e": "e2e_seconds",
-    "gen_ai.latency.time_in_model_prefill": "prefill_seconds",
-    "gen_ai.latency.time_in_model_decode": "decode_seconds",
-    "gen_ai.latency.time_in_model_inference": "inference_seconds",
-    "gen_ai.latency.time_in_scheduler": "scheduler_seconds",
-}
-_INT_ATTRIBUTES = {
-    "gen_ai.usage.prompt_tokens": "prompt_tokens",
-    "gen_ai.usage.completion_tokens": "completion_tokens",
-    "gen_ai.request.max_tokens": "max_tokens",
+# Each engine kind's request span, by its name (engines/: the attribute names are data).
+_ENGINE_SPANS: dict[str, RequestSpans] = {
+    k.spans.span_name: k.spans for k in KINDS if k.spans is not None
 }
 _KINDS: dict[int, SpanKind] = {
     0: "unspecified",
@@ -127,7 +115,8 @@ def decode(message: ExportTraceServiceRequest, peer: str) -> Decoded:
         sender = _sender(resource_spans.resource.attributes, peer)
         for span in _spans(resource_spans.scope_spans):
             first_word = span.name.split(" ", 1)[0]
-            if span.name == ENGINE_SPAN and (request := _engine_span(span)) is not None:
+            kind = _ENGINE_SPANS.get(span.name)
+            if kind is not None and (request := _engine_span(span, kind)) is not None:
                 engine.append((sender, request))
             elif first_word in KNOWN_ROUTER_SPANS and (router := _router_span(span, sender)):
                 routers.append(router)
@@ -143,7 +132,7 @@ def _spans(scopes: Sequence[Any]) -> Iterator[Span]:
 
 def _sender(attributes: Sequence[KeyValue], peer: str) -> SpanSender:
     values = {kv.key: kv.value for kv in attributes if kv.key in _RESOURCE_KEYS}
-    pid = _text(values.get("vllm.process_id"))
+    pid = next((p for key in _PROCESS_IDS if (p := _text(values.get(key)))), "")
     pod_uid = _text(values.get("k8s.pod.uid")).lower()
     pod_ip = _text(values.get("k8s.pod.ip"))
     return SpanSender(
@@ -156,26 +145,27 @@ def _sender(attributes: Sequence[KeyValue], peer: str) -> SpanSender:
     )
 
 
+_PROCESS_IDS = tuple(dict.fromkeys(s.process_id for s in _ENGINE_SPANS.values()))
 _RESOURCE_KEYS = frozenset(
-    {"service.name", "service.instance.id", "vllm.process_id", "k8s.pod.uid", "k8s.pod.ip"}
+    {"service.name", "service.instance.id", "k8s.pod.uid", "k8s.pod.ip", *_PROCESS_IDS}
 )
 
 
-def _engine_span(span: Span) -> EngineRequestSpan | None:
+def _engine_span(span: Span, kind: RequestSpans) -> EngineRequestSpan | None:
     ids = _ids(span)
     if ids is None:
         return None
     values: dict[str, Any] = {}
     request_id = ""
     for kv in span.attributes:
-        if (name := _FLOAT_ATTRIBUTES.get(kv.key)) is not None:
+        if (name := kind.latencies.get(kv.key)) is not None:
             values[name] = _number(kv.value)
-        elif (name := _INT_ATTRIBUTES.get(kv.key)) is not None:
+        elif (name := kind.counts.get(kv.key)) is not None:
             number = _number(kv.value)
             values[name] = None if number is None else int(number)
-        elif kv.key == "gen_ai.request.id":
+        elif kv.key == kind.request_id:
             request_id = _safe(_text(kv.value))
-        elif kv.key == "gen_ai.response.model":
+        elif kind.model and kv.key == kind.model:
             values["model_name"] = _safe(_text(kv.value))
     if not request_id:
         return None  # nothing to find it by

@@ -88,6 +88,9 @@ class OtlpReceiver:
         try:
             raw = self._inflate(body, content_encoding.strip().lower())
             message = parse_json(raw) if media == _JSON else parse_protobuf(raw)
+        except InflatedTooLarge:
+            self.store.refuse("too_large")
+            return _text(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "inflated body over the cap")
         except MalformedBody as exc:
             self.store.refuse("malformed")
             log.debug("otlp: refused a body from %s: %s", peer, exc)
@@ -114,6 +117,9 @@ class OtlpReceiver:
         except zlib.error:
             raise MalformedBody("not a gzip stream") from None
         if len(raw) > self._max_body_bytes:
-            self.store.refuse("too_large")
-            raise MalformedBody("inflated body over the receiver's cap")
+            raise InflatedTooLarge
         return raw
+
+
+class InflatedTooLarge(Exception):
+    """A gzip body that inflates past the cap: inflating stopped there."""
