@@ -3,6 +3,7 @@ protobuf and OTLP/JSON bodies, gzip, refusals, and the bounded rings a flood can
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 
@@ -40,8 +41,6 @@ def as_otlp_json(body: bytes) -> bytes:
 
 
 def base64_to_hex(text: str) -> str:
-    import base64  # noqa: PLC0415 - only this helper
-
     return base64.b64decode(text).hex()
 
 
