@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import bcrypt
 import pytest
 
 from gpuledger.pipeline import Pipeline, PipelineConfig
@@ -19,6 +20,7 @@ from gpuledger.sources.otlp.receiver import OtlpReceiver
 from gpuledger.sources.otlp.store import SpanStore
 from gpuledger.web import server as web_server
 from gpuledger.web.server import Exporter, GatedHTTPServer, serve
+from gpuledger.web.webconfig import load_web_config
 from tests.conftest import REPO
 
 BODY = (REPO / "tests" / "fixtures" / "vllm-otlp" / "otlp_http_5.pb").read_bytes()
@@ -126,10 +128,6 @@ def test_a_flood_of_exports_is_turned_away_while_scrapes_are_answered(
 
 
 def test_basic_auth_of_the_web_config_guards_the_receiver(tmp_path: Path) -> None:
-    import bcrypt  # noqa: PLC0415 - the web config's own dependency
-
-    from gpuledger.web.webconfig import load_web_config  # noqa: PLC0415
-
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
     config = tmp_path / "web.yml"
     config.write_text(f"basic_auth_users:\n  otel: '{hashed}'\n")

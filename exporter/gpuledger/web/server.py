@@ -35,6 +35,7 @@ from gpuledger.export.exposition import FamilyRenderer, render_text
 from gpuledger.export.published import Published
 from gpuledger.model.spans import IngestAnswer, SpanSink
 from gpuledger.web.node_page import render_page, simulated_banner
+from gpuledger.web.requests_page import request_page, requested
 from gpuledger.web.runbooks import runbooks_page
 from gpuledger.web.webconfig import TlsContext, WebConfig
 
@@ -176,7 +177,11 @@ class Exporter:
 LedgerPage = Callable[[LedgerDocument, str], tuple[int, str]]
 
 
-def node_ledger_page(doc: LedgerDocument, _query: str) -> tuple[int, str]:
+def node_ledger_page(doc: LedgerDocument, query: str) -> tuple[int, str]:
+    """This node's page, or with `?request=ID` that request explained."""
+    request_id = requested(query)
+    if request_id is not None:
+        return request_page(doc, request_id)
     return HTTPStatus.OK, render_page(doc)
 
 
