@@ -85,7 +85,7 @@ def test_the_demo_workloads_without_an_engine_are_no_engine_on_both_sides() -> N
         ("train", "finetune"),
     ]:
         assert judged[key] == ("no_engine", None), key
-    assert judged[("llm", "llama-8b")] == ("engine_queueing", "kv_cache")
+    assert judged[("llm", "llama-8b")] == ("engine_queueing", "max_num_seqs")
 
 
 # ---------------------------------------------------------------------------- one side only
