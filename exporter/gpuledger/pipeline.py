@@ -26,7 +26,7 @@ from gpuledger.model.kubernetes import PODS
 from gpuledger.model.podresources import PODRESOURCES
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL
 from gpuledger.model.serve import SERVE
-from gpuledger.model.spans import SpanSink
+from gpuledger.model.spans import GrpcSecurity, SpanSink
 from gpuledger.sources.base import DISABLED, NotConfigured, Source, SourceRunner, Started
 from gpuledger.sources.engines.source import EngineScraper, EngineSource
 from gpuledger.sources.kubernetes.dra import (
@@ -222,6 +222,13 @@ class Pipeline:
         for source in self.sources:
             if isinstance(source, SpansSource):
                 return source.receiver
+        return None
+
+    def start_span_grpc(self, listen: tuple[str, int], security: GrpcSecurity) -> int | None:
+        """The receiver's OTLP/gRPC listener; its port, None when the receiver is off."""
+        for source in self.sources:
+            if isinstance(source, SpansSource):
+                return source.start_grpc(listen, security)
         return None
 
     def warm_up(self, timeout_seconds: float) -> None:

@@ -3,7 +3,7 @@ only whitelisted attributes, kept in bounded rings per sender."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -124,6 +124,19 @@ class SpanSink(Protocol):
     def accept(
         self, body: bytes, content_type: str, content_encoding: str, peer: str
     ) -> IngestAnswer: ...
+
+
+@dataclass(frozen=True)
+class GrpcSecurity:
+    """What the web config (--web-config-file) asks of the OTLP/gRPC listener too: its
+    TLS files (re-read when they change) and its basic auth, as a check of the
+    `authorization` metadata."""
+
+    authorized: Callable[[str | None], bool]
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_ca_file: str | None = None
+    require_client_cert: bool = False
 
 
 # This source's snapshot in a cycle's Snapshots.
