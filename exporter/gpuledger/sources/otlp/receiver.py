@@ -23,9 +23,10 @@ from gpuledger.sources.otlp.store import SpanStore
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-# Bytes per second the receiver parses, with a burst of twice that: what a node's engines
-# send at a few thousand requests a second, and what bounds the CPU a flood costs.
-DEFAULT_BYTES_PER_SECOND = 8 * 1024 * 1024
+# Bytes per second the receiver parses (with a burst of two full requests): a node's
+# engines finishing ~1,500 requests a second (a span is ~1.2 KB), and what bounds the CPU
+# a flood costs: ~20% of a core (benchmarks/bench_spans.py, docs/performance.md).
+DEFAULT_BYTES_PER_SECOND = 2 * 1024 * 1024
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
 
