@@ -1003,6 +1003,8 @@ def _engine_server(doc: object, at: _Path, position: int, kind: str | None) -> S
     info = d.get("server_info")
     if info is not None and kind != fake_sglang.KIND:
         raise (at / "server_info").fail("only on an sglang entry", info)
+    if d.get("requests") and BY_NAME[kind].spans is None:
+        raise (at / "requests").fail("only on an entry of a kind that sends request spans", kind)
     return SimEngineServer(
         kind=kind,
         key=name or (pod if isinstance(pod, str) else f"static-{position}"),
