@@ -56,7 +56,7 @@ def _not_found(**query: str) -> str:
 def test_every_verdict_says_what_to_do_next_with_the_alerts_runbook() -> None:
     result = explain([demo()], workload="llm/llama-8b")
     v = result["workloads"][0]["verdict"]
-    assert v["next_step"].startswith("Raise --max-num-seqs")
+    assert v["next_step"].startswith("Raise the batch-slot bound (vLLM --max-num-seqs")
     assert v["runbook_url"] == SLOTS_RUNBOOK
     lines = render_text(result).splitlines()
     at = lines.index(f"    next step: {v['next_step']}")

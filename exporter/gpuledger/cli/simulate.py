@@ -67,6 +67,8 @@ Look at:
   {{url}}/metrics   the exposition (try: curl -s {{url}}/metrics | grep allocated_unused)
   gpuledger explain --from {{url}} --workload llm/llama-8b
                         where that workload's requests wait, and why
+  gpuledger explain --from {{url}} --request req-102
+                        one slow request walked to its GPUs (its engine's spans arrive ~20 s in)
 Stop with Ctrl-C."""
 
 
