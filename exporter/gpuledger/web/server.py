@@ -301,39 +301,12 @@ def make_handler(
             if web is not None and not web.authorized(path, self.headers.get("Authorization")):
                 self._refuse()
                 return
-            self._send_ingest(self._ingest(spans))
-
-        def _ingest(self, sink: SpanSink) -> IngestAnswer:
-            length_text = self.headers.get("Content-Length", "")
-            if self.headers.get("Transfer-Encoding") or not length_text.isdigit():
-                return IngestAnswer(HTTPStatus.LENGTH_REQUIRED, b"Content-Length required\n", "")
-            length = int(length_text)
-            refused = sink.admit(length)
-            if refused is not None:
-                self.close_connection = True  # the unread body must not be parsed as a request
-                return refused
-            body = _read_body(self.rfile, self.connection, length)
-            if body is None:
-                self.close_connection = True
-                return IngestAnswer(HTTPStatus.REQUEST_TIMEOUT, b"body incomplete\n", "")
-            peer = self.client_address[0] if self.client_address else ""
-            return sink.accept(
-                body,
-                self.headers.get("Content-Type", ""),
-                self.headers.get("Content-Encoding", ""),
-                str(peer),
-            )
-
-        def _send_ingest(self, answer: IngestAnswer) -> None:
-            self.send_response(answer.status)
-            self.send_header("Content-Type", answer.content_type or "text/plain")
+            answer, whole = ingest(self, spans)
+            self.close_connection = self.close_connection or not whole
+            extra = tuple(web.headers) if web is not None else ()
             if answer.retry_after_seconds is not None:
-                self.send_header("Retry-After", str(answer.retry_after_seconds))
-            self.send_header("Content-Length", str(len(answer.body)))
-            for name, value in web.headers if web is not None else ():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(answer.body)
+                extra += (("Retry-After", str(answer.retry_after_seconds)),)
+            self._send(Answer(HTTPStatus(answer.status), answer.body, answer.content_type), extra)
 
         def _route(self) -> None:
             path, _, query = self.path.partition("?")
@@ -344,14 +317,14 @@ def make_handler(
             headers = {n: v for n in _ROUTED_HEADERS if (v := self.headers.get(n)) is not None}
             self._send(routes.answer(path, query, headers))
 
-        def _send(self, answer: Answer) -> None:
+        def _send(self, answer: Answer, extra: tuple[tuple[str, str], ...] = ()) -> None:
             self.send_response(answer.status)
-            self.send_header("Content-Type", answer.content_type)
+            self.send_header("Content-Type", answer.content_type or "text/plain")
             if answer.encoding is not None:
                 self.send_header("Content-Encoding", answer.encoding)
                 self.send_header("Vary", "Accept-Encoding")
             self.send_header("Content-Length", str(len(answer.body)))
-            for name, value in web.headers if web is not None else ():
+            for name, value in extra or (web.headers if web is not None else ()):
                 self.send_header(name, value)
             self.end_headers()
             if self.command != "HEAD":
@@ -371,6 +344,25 @@ def make_handler(
             log.debug("http: " + format, *args)
 
     return Handler
+
+
+def ingest(handler: BaseHTTPRequestHandler, sink: SpanSink) -> tuple[IngestAnswer, bool]:
+    """One span export request: its answer, and whether its body was read whole (else the
+    connection must close: unread bytes are no next request)."""
+    length_text = handler.headers.get("Content-Length", "")
+    if handler.headers.get("Transfer-Encoding") or not length_text.isdigit():
+        return IngestAnswer(HTTPStatus.LENGTH_REQUIRED, b"Content-Length required\n", ""), False
+    length = int(length_text)
+    refused = sink.admit(length)
+    if refused is not None:
+        return refused, False
+    body = _read_body(handler.rfile, handler.connection, length)
+    if body is None:
+        return IngestAnswer(HTTPStatus.REQUEST_TIMEOUT, b"body incomplete\n", ""), False
+    peer = handler.client_address[0] if handler.client_address else ""
+    content_type = handler.headers.get("Content-Type", "")
+    encoding = handler.headers.get("Content-Encoding", "")
+    return sink.accept(body, content_type, encoding, str(peer)), True
 
 
 def _read_body(buffered: Any, sock: socket.socket, length: int) -> bytes | None:
