@@ -137,7 +137,9 @@ def test_demo_page_says_simulated_what_to_do_next_and_how_gpus_are_numbered(
     # Every workload says what to do next; the slot-bound one links its alert's runbook.
     workloads = {row[0]: row for row in page.tables["workloads"][1:]}
     assert all(row[8] for row in workloads.values())
-    assert workloads["llm/llama-8b"][8].startswith("Raise the batch-slot bound (vLLM --max-num-seqs")
+    assert workloads["llm/llama-8b"][8].startswith(
+        "Raise the batch-slot bound (vLLM --max-num-seqs"
+    )
     assert workloads["llm/llama-8b"][8].endswith("runbook")
     assert 'href="runbooks#gpuledgerenginequeueingatmaxnumseqs"' in dom
     # The link lands: the agent serves the runbooks, with the alert's section at the anchor.
