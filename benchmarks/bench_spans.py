@@ -8,6 +8,7 @@
 3. A flood over HTTP into a real agent's server (16 clients sending 4 MiB bodies as fast
    as they are answered, 8 sending 50 MB heads, while 16 more trickle bodies) and its
    /metrics scrape latency then, against the same server idle; the process's peak RSS.
+4. The same flood against a real `gpuledger serve --otlp-receiver on`: its RSS and scrapes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import multiprocessing
 import resource
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -163,7 +166,54 @@ def flood_and_scrape() -> None:
     print(f"peak RSS of the agent's process (the store benchmark included): {peak:.0f} MiB")
 
 
+def _vm(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def real_agent_rss(seconds: float = 20.0) -> None:
+    """A real `gpuledger serve --otlp-receiver on` flooded as above: its RSS before and
+    its peak (VmHWM) after."""
+    port = _free_port()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpuledger", "serve", "--listen", f"127.0.0.1:{port}",
+         "--otlp-receiver", "on", "--kubernetes", "off", "--vllm-discovery", "off",
+         "--nvml-library", "/nonexistent/libnvidia-ml.so.1", "--interval", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(3)
+        before = _vm(agent.pid, "VmRSS")
+        one = (CAPTURE / "otlp_http_5.pb").read_bytes()
+        big = one * (4 * 1024 * 1024 // len(one) - 1)
+        flooder = multiprocessing.get_context("fork").Process(target=_flooder, args=(port, big))
+        flooder.start()
+        with Scraper(port, 200) as scraped:
+            time.sleep(seconds)
+        flooder.terminate()
+        flooder.join()
+        runs = sorted(scraped.seconds)
+        print(
+            f"real agent: RSS {before} MiB idle, peak {_vm(agent.pid, 'VmHWM')} MiB after "
+            f"{seconds:.0f} s of flood; scrapes median {statistics.median(runs) * 1000:.1f} ms, "
+            f"max {runs[-1] * 1000:.1f} ms"
+        )
+    finally:
+        agent.terminate()
+        agent.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 if __name__ == "__main__":
     store_memory()
     parse_rate()
     flood_and_scrape()
+    real_agent_rss()
