@@ -146,3 +146,20 @@ def test_basic_auth_of_the_web_config_guards_the_receiver(tmp_path: Path) -> Non
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_without_the_receiver_a_span_export_is_not_found_and_nothing_is_exported() -> None:
+    pipeline = Pipeline(PipelineConfig(node="n1"), sources=[])
+    exporter = Exporter(pipeline.cycle, 10.0)
+    exporter.run_once()
+    httpd = serve(exporter, "127.0.0.1:0", "n1", "node")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        sock = post_head(port(httpd), len(BODY), BODY)
+        assert answer(sock).startswith(b"HTTP/1.0 404")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port(httpd)}/metrics", timeout=10) as r:
+            assert b"gpuledger_otlp_" not in r.read()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert [s.name for s in Pipeline(PipelineConfig(node="n1")).sources if s.name == "otlp"] == []
