@@ -4,6 +4,8 @@ labelled), and what is said when nothing was recorded or no rule tied the span."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpuledger.document.v1 import (
@@ -11,6 +13,7 @@ from gpuledger.document.v1 import (
     EngineStateDoc,
     LedgerDocument,
     RequestDoc,
+    RouterSpanDoc,
     SpansDoc,
     SpanSenderDoc,
 )
@@ -113,3 +116,25 @@ def test_a_request_no_agent_holds_is_not_recorded() -> None:
     off = LedgerDocument(schema=SCHEMA, node="n2")
     with pytest.raises(ExplainError, match="no agent read has its span receiver on"):
         explain_by_request([off], "req-7")
+
+
+def test_time_at_the_router_before_the_engine_saw_it_is_said() -> None:
+    d = doc()
+    router = RouterSpanDoc(
+        service_name="ray-serve-proxy",
+        peer="10.0.0.9",
+        name="proxy_http_request",
+        kind="server",
+        trace_id="ab" * 16,
+        span_id="ef" * 8,
+        parent_span_id="",
+        started_at=T0 - 2.5,
+        finished_at=T0 + 4.1,
+    )
+    routed = replace(d, spans=replace(d.spans, routers=(router,)))
+    text = render_request_text(explain_by_request([routed], "req-7"))
+    assert "router ray-serve-proxy proxy_http_request on n1: started 2.50 s before" in text
+    assert "before the engine accepted it: 2.50 s from the router's start" in text
+    assert "before the engine accepted it" not in render_request_text(
+        explain_by_request([d], "req-7")
+    )

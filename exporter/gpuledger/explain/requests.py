@@ -264,6 +264,12 @@ def request_lines(shown: RequestShown) -> list[str]:
         f"took {_seconds(x.finished_at - x.started_at)} in all"
         for x in shown.routers
     ] or ["  router: no router span in this trace was received"]
+    ahead = max((x.before_engine_seconds for x in shown.routers), default=0.0)
+    if ahead >= WAITED_SECONDS:
+        lines.append(
+            f"  before the engine accepted it: {_seconds(ahead)} from the router's start "
+            "(two clocks: the router's and the engine's)"
+        )
     return lines
 
 
