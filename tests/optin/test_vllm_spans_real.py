@@ -27,7 +27,13 @@ from tests.conftest import REPO
 from tests.optin.test_vllm_real import Server, _free_port, _wait_for, vllm_server
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-REQUESTS = 12
+# 64 long completions at --max-num-seqs 2: the queue lasts seconds, so the agent's samples
+# (a cycle every 0.2 s, or as long as a cycle takes) fall inside the later waits. With
+# twelve of 48 tokens (the capture's), or sixteen of 180, the burst was over within one
+# cycle on a 2-core machine: explain then rightly read "not queueing" from the samples
+# before and after each wait.
+REQUESTS = 64
+MAX_TOKENS = 180
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +46,7 @@ def engine_and_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         agent = subprocess.Popen(
             [sys.executable, "-m", "gpuledger", "serve", "--listen", f"127.0.0.1:{agent_port}",
              "--otlp-receiver", "on", "--vllm-target", server.metrics_url, "--kubernetes", "off",
-             "--nvml-library", str(tmp / "absent.so"), "--interval", "0.5"],
+             "--nvml-library", str(tmp / "absent.so"), "--interval", "0.2"],
             env={"PYTHONPATH": str(REPO / "exporter"), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -69,7 +75,12 @@ def _send(server: Server, i: int) -> int:
         headers["traceparent"] = TRACEPARENT
     answer = requests.post(
         f"{server.base}/v1/completions",
-        json={"model": "tiny", "prompt": [1] + [5] * 40, "max_tokens": 48, "ignore_eos": True},
+        json={
+            "model": "tiny",
+            "prompt": [1] + [5] * 40,
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+        },
         headers=headers,
         timeout=240,
     )
@@ -107,7 +118,9 @@ def test_a_real_engines_spans_are_tied_to_it_and_explain_its_waits(
     assert (sender["joined_by"], sender["model_name"]) == ("host_pid", "tiny")
     first = _explain(base, "--request", "req-101")
     assert "trace 4bf92f3577b34da6a3ce929d0e0e4736" in first
-    waited = [_explain(base, "--request", f"req-{n}") for n in range(103, 113)]
+    waited = [
+        _explain(base, "--request", f"req-{n}") for n in range(101 + REQUESTS - 8, 101 + REQUESTS)
+    ]
     assert any("why it waited: max_num_seqs" in text for text in waited), waited[-1]
     openmetrics = requests.get(
         base + "/metrics",
