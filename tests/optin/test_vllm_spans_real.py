@@ -36,17 +36,31 @@ REQUESTS = 64
 MAX_TOKENS = 180
 
 
-@pytest.fixture(scope="module")
-def engine_and_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+@pytest.fixture(scope="module", params=["http/protobuf", "grpc"])
+def engine_and_agent(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, str]]:
+    """The engine exporting over OTLP/HTTP to the agent's --listen, then over OTLP/gRPC
+    to its --otlp-grpc-listen (vLLM's own exporters, chosen by the protocol variable)."""
     tmp = tmp_path_factory.mktemp("spans")
-    agent_port = _free_port()
-    endpoint = f"http://127.0.0.1:{agent_port}/v1/traces"
-    env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": "vllm-optin"}
+    agent_port, grpc_port = _free_port(), _free_port()
+    protocol = str(request.param)
+    grpc = protocol == "grpc"
+    endpoint = (
+        f"http://127.0.0.1:{grpc_port}" if grpc else f"http://127.0.0.1:{agent_port}/v1/traces"
+    )
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",
+        "OTEL_SERVICE_NAME": "vllm-optin",
+    }
+    grpc_args = ["--otlp-grpc-listen", f"127.0.0.1:{grpc_port}"] if grpc else []
     with vllm_server(tmp, ["--otlp-traces-endpoint", endpoint], env, max_num_seqs=2) as server:
         agent = subprocess.Popen(
             [sys.executable, "-m", "gpuledger", "serve", "--listen", f"127.0.0.1:{agent_port}",
-             "--otlp-receiver", "on", "--vllm-target", server.metrics_url, "--kubernetes", "off",
-             "--nvml-library", str(tmp / "absent.so"), "--interval", "0.2"],
+             "--otlp-receiver", "on", *grpc_args, "--vllm-target", server.metrics_url,
+             "--kubernetes", "off", "--nvml-library", str(tmp / "absent.so"),
+             "--interval", "0.2"],
             env={"PYTHONPATH": str(REPO / "exporter"), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
