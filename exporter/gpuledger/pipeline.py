@@ -26,6 +26,7 @@ from gpuledger.model.kubernetes import PODS
 from gpuledger.model.podresources import PODRESOURCES
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL
 from gpuledger.model.serve import SERVE
+from gpuledger.model.spans import GrpcSecurity, SpanSink
 from gpuledger.sources.base import DISABLED, NotConfigured, Source, SourceRunner, Started
 from gpuledger.sources.engines.source import EngineScraper, EngineSource
 from gpuledger.sources.kubernetes.dra import (
@@ -35,6 +36,8 @@ from gpuledger.sources.kubernetes.dra import (
 )
 from gpuledger.sources.kubernetes.pods import PodInformer
 from gpuledger.sources.nvml import NvmlSource
+from gpuledger.sources.otlp.receiver import DEFAULT_MAX_BODY_BYTES
+from gpuledger.sources.otlp.source import SpansSource
 from gpuledger.sources.podresources import PodResourcesSource
 from gpuledger.sources.procfs.source import ProcfsSource
 from gpuledger.sources.ray.serve import ServeClient, ServeSource
@@ -71,6 +74,11 @@ class PipelineConfig:
     ray_workload: tuple[str, str] = ("", "ray")
     # The sources are the simulator's (`demo`, `simulate`): every output says so.
     simulated: bool = False
+    # Node mode: the OTLP span receiver (POST /v1/traces on --listen, and gRPC when
+    # otlp_grpc_listen is set).
+    otlp_receiver: bool = False
+    otlp_grpc_listen: str | None = None
+    otlp_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def node_sources(config: PipelineConfig) -> list[Source[Any]]:
@@ -108,6 +116,8 @@ def node_sources(config: PipelineConfig) -> list[Source[Any]]:
         RayLocalSource(_ray_client(config)) if config.ray_address else NotConfigured(RAY_LOCAL),
         _serve_source(config) if config.ray_address else NotConfigured(SERVE),
         *_dra_source(config, "node"),
+        # Absent when off, as DRA: an agent without the receiver exports what it did before.
+        *([SpansSource(max_body_bytes=config.otlp_max_body_bytes)] if config.otlp_receiver else []),
     ]
 
 
@@ -205,6 +215,21 @@ class Pipeline:
         self._last_reason: dict[str, str | None] = {}
         self._cpu_seen: dict[str, float] = {}  # each source's CpuMeter total, last cycle
         self._lock = threading.Lock()
+
+    @property
+    def span_sink(self) -> SpanSink | None:
+        """The span receiver the HTTP server hands POST /v1/traces to; None when off."""
+        for source in self.sources:
+            if isinstance(source, SpansSource):
+                return source.receiver
+        return None
+
+    def start_span_grpc(self, listen: tuple[str, int], security: GrpcSecurity) -> int | None:
+        """The receiver's OTLP/gRPC listener; its port, None when the receiver is off."""
+        for source in self.sources:
+            if isinstance(source, SpansSource):
+                return source.start_grpc(listen, security)
+        return None
 
     def warm_up(self, timeout_seconds: float) -> None:
         """Give background sources (the pod informer) up to `timeout_seconds` to list

@@ -78,6 +78,26 @@ local g = import '../lib/dashboards.libsonnet';
           ],
         },
         {
+          // From the request spans the agents receive (docs/spans.md): each point's
+          // exemplar is a request's trace id, linked to its trace in the tracing backend.
+          title: 'Request latency (from request spans)',
+          height: 8,
+          panels: [
+            g.timeseries(
+              'Queue time, p99',
+              "99th percentile of the time finished requests waited in each engine's queue (its spans' gen_ai.latency.time_in_queue). Exemplars are requests' trace ids: gpuledger explain --request TRACE_ID walks one down to its GPUs.",
+              's',
+              [g.target('histogram_quantile(0.99, sum by (%s, le) (rate(gpuledger_engine_request_queue_seconds_bucket%s[$__rate_interval])))' % [by, R()], legend, exemplar=true)],
+            ),
+            g.timeseries(
+              'Time to first token, p99',
+              "99th percentile of the time from a request's arrival to its first token (gen_ai.latency.time_to_first_token), per engine; exemplars as above.",
+              's',
+              [g.target('histogram_quantile(0.99, sum by (%s, le) (rate(gpuledger_engine_request_ttft_seconds_bucket%s[$__rate_interval])))' % [by, R()], legend, exemplar=true)],
+            ),
+          ],
+        },
+        {
           title: 'KV cache and preemptions',
           height: 8,
           panels: [

@@ -61,14 +61,16 @@ local ds = { type: 'prometheus', uid: '${datasource}' };
 
   // ---------------------------------------------------------------- targets
 
-  target(expr, legend='', instant=false, table=false):: {
+  // exemplar: show the series' exemplars (gpuledger's request histograms carry trace_id,
+  // which a data link on the datasource turns into a link to the trace).
+  target(expr, legend='', instant=false, table=false, exemplar=false):: {
     datasource: ds,
     expr: expr,
     legendFormat: legend,
     range: !instant,
     instant: instant,
     format: if table then 'table' else 'time_series',
-  },
+  } + (if exemplar then { exemplar: true } else {}),
 
   // ---------------------------------------------------------------- panels
 

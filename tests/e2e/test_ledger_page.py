@@ -120,8 +120,8 @@ def test_demo_page_shows_every_gpu_and_workload(demo: Simulated) -> None:
     assert "allocated unused: research/notebook-alice" in by_index["3"][8]
     assert by_index["7"][7] == "host process 47000 python3 (4.0 GiB)"
     workloads = {row[0]: row for row in page.tables["workloads"][1:]}
-    assert workloads["llm/llama-8b"][2] == "engine_queueing (kv_cache)"
-    assert "KV cache 93%" in workloads["llm/llama-8b"][7]
+    assert workloads["llm/llama-8b"][2] == "engine_queueing (max_num_seqs)"
+    assert "KV cache 62%" in workloads["llm/llama-8b"][7]
 
 
 def test_demo_page_says_simulated_what_to_do_next_and_how_gpus_are_numbered(
@@ -134,16 +134,18 @@ def test_demo_page_says_simulated_what_to_do_next_and_how_gpus_are_numbered(
     banner = re.search(r'<p id="simulated"[^>]*>(.*?)</p>', dom, re.S)
     assert banner and banner.group(1).startswith("SIMULATED DATA: node demo-gpu-node-1")
     assert dom.index('id="simulated"') < dom.index("<h1>")
-    # Every workload says what to do next; the KV-bound one links its alert's runbook.
+    # Every workload says what to do next; the slot-bound one links its alert's runbook.
     workloads = {row[0]: row for row in page.tables["workloads"][1:]}
     assert all(row[8] for row in workloads.values())
-    assert workloads["llm/llama-8b"][8].startswith("Give the engine more KV cache")
+    assert workloads["llm/llama-8b"][8].startswith(
+        "Raise the batch-slot bound (vLLM --max-num-seqs"
+    )
     assert workloads["llm/llama-8b"][8].endswith("runbook")
-    assert 'href="runbooks#gpuledgerenginequeueingkvcachepressure"' in dom
+    assert 'href="runbooks#gpuledgerenginequeueingatmaxnumseqs"' in dom
     # The link lands: the agent serves the runbooks, with the alert's section at the anchor.
     with urllib.request.urlopen(f"http://{demo.target}/runbooks", timeout=10) as answer:
         runbooks = answer.read().decode()
-    assert '<h2 id="gpuledgerenginequeueingkvcachepressure">' in runbooks
+    assert '<h2 id="gpuledgerenginequeueingatmaxnumseqs">' in runbooks
     assert workloads["train/finetune"][8].startswith("No vLLM queue to judge")
     # The container ordinal and the process's cuda:N side by side, and what they mean:
     # the trainer's CUDA_VISIBLE_DEVICES=1,0 calls its ordinal 0 cuda:1.

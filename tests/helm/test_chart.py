@@ -464,7 +464,11 @@ def test_every_object_carries_the_standard_labels(scenario: str) -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_selectors_match_their_pods_and_services_select_them(scenario: str) -> None:
     manifests = render(scenario)
-    services = of_kind(manifests, "Service")
+    # The scrape Services; the span receiver's node-local Service (spans.route: service,
+    # port otlp-http) selects the node agents too but is no scrape target.
+    services = [
+        s for s in of_kind(manifests, "Service") if "gpuledger.io/job" in s["metadata"]["labels"]
+    ]
     for kind in ("DaemonSet", "Deployment"):
         for workload in of_kind(manifests, kind):
             selector = workload["spec"]["selector"]["matchLabels"]

@@ -29,7 +29,8 @@ from tests.conftest import REPO
 NODE = REPO / "tests" / "fixtures" / "scenarios" / "explain-node.yaml"
 HOST_ONLY_GPU = "GPU-e3bed46b-78f4-b8dc-ef6f-847b54d1fe44"  # demo: index 7, a host python3
 # Relative to the agent that serves the document: every agent serves /runbooks.
-KV_RUNBOOK = "runbooks#gpuledgerenginequeueingkvcachepressure"
+# The demo's engine is at max_num_seqs with KV headroom (its slots are the bound).
+SLOTS_RUNBOOK = "runbooks#gpuledgerenginequeueingatmaxnumseqs"
 
 
 @cache
@@ -55,12 +56,12 @@ def _not_found(**query: str) -> str:
 def test_every_verdict_says_what_to_do_next_with_the_alerts_runbook() -> None:
     result = explain([demo()], workload="llm/llama-8b")
     v = result["workloads"][0]["verdict"]
-    assert v["next_step"].startswith("Give the engine more KV cache")
-    assert v["runbook_url"] == KV_RUNBOOK
+    assert v["next_step"].startswith("Raise the batch-slot bound (vLLM --max-num-seqs")
+    assert v["runbook_url"] == SLOTS_RUNBOOK
     lines = render_text(result).splitlines()
     at = lines.index(f"    next step: {v['next_step']}")
     assert lines[at + 1] == (
-        f"    runbook: /{KV_RUNBOOK} on any gpuledger agent (docs/runbooks.md)"
+        f"    runbook: /{SLOTS_RUNBOOK} on any gpuledger agent (docs/runbooks.md)"
     )
     assert lines[at - 1].startswith("    evidence: ")
 

@@ -38,6 +38,14 @@ def test_the_demo_document_is_the_json_it_was() -> None:
         # Added since: the demo's TP-2 engine sits on two GPUs of one NVSwitch fabric.
         assert engine.pop("gpu_link") == "nvlink"
     assert now["ray"].pop("engine_links") == []
+    # Changed since (issue 24): the demo's engine sends request spans, so the receiver is
+    # a source and the spans are in the document; its engine is at --max-num-seqs 48 with
+    # KV headroom (62%) instead of KV-bound (93% of a 256-slot batch).
+    assert now.pop("spans")["receiving"] is True
+    now["sources"] = [s for s in now["sources"] if s["source"] != "otlp"]
+    (engine,) = now["engines"]
+    assert (engine["kv_cache_usage_ratio"], engine["config"]["max_num_seqs"]) == (0.62, "48")
+    engine["kv_cache_usage_ratio"], engine["config"]["max_num_seqs"] = 0.93, "256"
     assert _steady(json.dumps(now, indent=1) + "\n") == _steady(BEFORE.read_text())
 
 

@@ -109,3 +109,10 @@ f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'], 
   t.gauge('gpuledger_snapshot_age_seconds', node, 4),
   t.gauge('up', node, 1),
 ]
+// chat-a's request spans (docs/spans.md): its queue-time and time-to-first-token
+// histograms, cumulative buckets growing every minute.
++ [
+  t.counter(family + '_bucket', node + f.engineKey('chat-a') { le: b.le }, b.perMinute)
+  for family in ['gpuledger_engine_request_queue_seconds', 'gpuledger_engine_request_ttft_seconds']
+  for b in [{ le: '0.5', perMinute: 30 }, { le: '1', perMinute: 50 }, { le: '+Inf', perMinute: 60 }]
+]

@@ -72,6 +72,9 @@ CONTRACT_METRICS = frozenset(
         "gpuledger_engine_gpu_link_weakest",
         "gpuledger_engine_gpus",
         "gpuledger_engine_max_num_seqs",
+        # from the engines' request spans (docs/spans.md), histogram buckets
+        "gpuledger_engine_request_queue_seconds_bucket",
+        "gpuledger_engine_request_ttft_seconds_bucket",
         "gpuledger_engine_ray_job_info",
         "gpuledger_engine_ray_workers",
         # Pending and starting pods

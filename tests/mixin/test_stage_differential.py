@@ -85,7 +85,7 @@ def test_the_demo_workloads_without_an_engine_are_no_engine_on_both_sides() -> N
         ("train", "finetune"),
     ]:
         assert judged[key] == ("no_engine", None), key
-    assert judged[("llm", "llama-8b")] == ("engine_queueing", "kv_cache")
+    assert judged[("llm", "llama-8b")] == ("engine_queueing", "max_num_seqs")
 
 
 # ---------------------------------------------------------------------------- one side only
@@ -105,6 +105,7 @@ def _mismatches_on(part: Part, overrides: str, t: Thresholds | None = None) -> l
 
 
 DEMO_START: Part = (DEMO, None)
+DEMO_QUEUE: Part = (DEMO, "queue-builds")
 ROUTING: Part = (SCENARIOS / "explain-node.yaml", None)
 
 
@@ -116,8 +117,11 @@ def test_unchanged_rules_agree_with_explain() -> None:
 @pytest.mark.parametrize(
     ("setting", "value", "part", "workload"),
     [
-        # llama-8b's engine: 12 waiting, KV cache 93%.
-        ("kvCachePressureRatio", 0.95, DEMO_START, "llm/llama-8b"),
+        # llama-8b's engine: 12 waiting, 48 running of --max-num-seqs 48, KV cache 62%:
+        # with KV headroom only below 50%, its reason is no longer max_num_seqs.
+        ("kvCacheHeadroomRatio", 0.5, DEMO_START, "llm/llama-8b"),
+        # Later (queue-builds) its KV cache is 99%: at 0.995 it is no longer KV pressure.
+        ("kvCachePressureRatio", 0.995, DEMO_QUEUE, "llm/llama-8b"),
         ("queueingMinWaitingRequests", 20, DEMO_START, "llm/llama-8b"),
         # chat-1, chat's idle sibling, has 10% of its KV cache in use.
         ("kvCacheHeadroomRatio", 0.05, ROUTING, "serve/chat"),
@@ -131,7 +135,7 @@ def test_a_threshold_changed_in_the_mixin_only_is_reported(
 
 
 def test_a_threshold_changed_in_python_only_is_reported() -> None:
-    found = _mismatches_on(DEMO_START, "{}", Thresholds(kv_pressure=0.95))
+    found = _mismatches_on(DEMO_START, "{}", Thresholds(kv_headroom=0.5))
     assert [m for m in found if m.startswith("llm/llama-8b:")], found
 
 

@@ -62,7 +62,7 @@ def test_cached_render_plus_age_is_the_full_exposition(demo: Published) -> None:
     assert without_age(body) == without_age(generate_latest(exporter.registry))
     families = list(text_string_to_metric_families(body.decode()))
     assert families[-1].name == "gpuledger_snapshot_age_seconds"
-    assert {f.type for f in families} == {"gauge", "counter"}
+    assert {f.type for f in families} == {"gauge", "counter", "histogram"}
     assert sum(len(f.samples) for f in families) > 100  # a real ledger, not an empty one
 
 

@@ -32,8 +32,9 @@ from tests.unit.test_serve import capture_snapshot, serve_ledger
 # Ledger fields that are no family's rows: which ledger it is, and what only
 # /ledger.json and explain read (PIDs have no place in a series).
 IDENTITY = {"node", "mode", "taken_at", "driver_version"}
-# `claims`: the ResourceClaims pending pods name, for their explain lines.
-NOT_EXPORTED = {"processes", "unknowns", "overflow", "claims"}
+# `claims`: the ResourceClaims pending pods name, for their explain lines; `engine_history`:
+# each engine's recent states, for explain --request.
+NOT_EXPORTED = {"processes", "unknowns", "overflow", "claims", "engine_history"}
 LEDGER = {f.name: f for f in fields(Ledger)}
 OVERFLOW = {f.name: f for f in fields(Overflow)}
 

@@ -71,7 +71,10 @@ def skeleton() -> dict[str, Any]:
             "slices": [{"devices": [{"name": "gpu-0", "gpu": GPU}]}],
             "claims": [{"name": "c"}],
         },
-        "engines": [{"kind": "sglang", "pod": "default/p", "engines": [{}], "server_info": {}}],
+        "engines": [
+            {"kind": "sglang", "pod": "default/p", "engines": [{}], "server_info": {}},
+            {"kind": "vllm", "name": "v", "engines": [{}], "requests": [{"id": "r-1"}]},
+        ],
         "ray": {
             "nodes": [{"name": "head"}],
             "actors": [{}],
@@ -102,15 +105,18 @@ def skeleton() -> dict[str, Any]:
 
 
 def locate(doc: dict[str, Any], path: str) -> dict[str, Any]:
-    """The object at an OBJECT_KEYS path: `a.b[]` is a list's first item, `<x>` a map's."""
+    """The object at an OBJECT_KEYS path: `a.b[]` is a list's first item (the first that has
+    the path's next key: one engine entry cannot be of two kinds), `<x>` a map's."""
     node: Any = doc
     if path == "(top level)":
         return node  # type: ignore[no-any-return]
-    for part in path.split("."):
+    parts = path.split(".")
+    for i, part in enumerate(parts):
         name = part.removesuffix("[]")
         node = next(iter(node.values())) if name.startswith("<") else node[name]
         if part.endswith("[]"):
-            node = node[0]
+            after = parts[i + 1].removesuffix("[]") if i + 1 < len(parts) else None
+            node = next((n for n in node if after is None or after in n), node[0])
     return node  # type: ignore[no-any-return]
 
 

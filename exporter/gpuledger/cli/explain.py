@@ -31,6 +31,7 @@ from gpuledger.explain.chain import (
 )
 from gpuledger.explain.prometheus import PrometheusAccess, PrometheusError
 from gpuledger.explain.recorded import holder_agents, read_holders
+from gpuledger.explain.requests import explain_by_request, render_request_text
 from gpuledger.identity.urls import safe_url
 
 if TYPE_CHECKING:
@@ -152,9 +153,12 @@ def run_explain(args: argparse.Namespace) -> int:
         print("gpuledger: error: no ledger could be read", file=sys.stderr)
         return EXIT_UNREACHABLE
     try:
-        result = explain(
-            docs, pod=args.pod, gpu=args.gpu, workload=args.workload, engine=args.engine
-        )
+        if args.request:
+            result = explain_by_request(docs, args.request)
+        else:
+            result = explain(
+                docs, pod=args.pod, gpu=args.gpu, workload=args.workload, engine=args.engine
+            )
     except ExplainError as exc:
         _warn_unreadable(failures)  # perhaps why nothing matched
         print(f"gpuledger: {exc}", file=sys.stderr)
@@ -166,6 +170,8 @@ def run_explain(args: argparse.Namespace) -> int:
     ]
     if args.output == "json":
         print(json.dumps(result, indent=1, default=str))
+    elif args.request:
+        sys.stdout.write(render_request_text(result))
     else:
         sys.stdout.write(render_text(result))
     return 0

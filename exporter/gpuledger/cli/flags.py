@@ -129,6 +129,7 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     _add_node_flags(p)
     _add_dra_flags(p)
     _add_engine_flags(p)
+    _add_span_flags(p)
     _add_ray_flags(p)
     _add_cluster_view_flags(p)
 
@@ -313,6 +314,48 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         type=_one_of("on", "off"),
         default=_env("VLLM_DISCOVERY", "on"),
     )
+
+
+def _add_span_flags(p: argparse.ArgumentParser) -> None:
+    """The OTLP span receiver (docs/spans.md): engines' request spans, off by default."""
+    _flag(
+        p,
+        "--otlp-receiver",
+        "node mode: receive request spans over OTLP/HTTP on --listen's POST /v1/traces "
+        "(vLLM's --otlp-traces-endpoint, or a Collector's otlphttp exporter), behind the "
+        "same --web-config-file",
+        env="OTLP_RECEIVER",
+        shown_default="off",
+        choices=["on", "off"],
+        type=_one_of("on", "off"),
+        default=_env("OTLP_RECEIVER", "off"),
+    )
+    _flag(
+        p,
+        "--otlp-grpc-listen",
+        "with --otlp-receiver on: also receive OTLP/gRPC on this [HOST]:PORT (e.g. :4317)",
+        env="OTLP_GRPC_LISTEN",
+        type=_listen,
+        default=_env("OTLP_GRPC_LISTEN"),
+        metavar="[HOST]:PORT",
+    )
+    _flag(
+        p,
+        "--otlp-max-body-bytes",
+        "the largest span export request read, after gzip inflation; larger ones are "
+        "refused unread (413)",
+        env="OTLP_MAX_BODY_BYTES",
+        shown_default="4194304",
+        type=_positive_int,
+        default=int(_env("OTLP_MAX_BODY_BYTES", "4194304") or "4194304"),
+        metavar="BYTES",
+    )
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def _add_ray_flags(p: argparse.ArgumentParser) -> None:
@@ -605,6 +648,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NS/POD[:RANK]|MODEL|TARGET",
         help="a vLLM engine: by pod and DP rank, model (with or without its org/), "
         "target HOST:PORT, or a bare host's workload (its systemd unit)",
+    )
+    what.add_argument(
+        "--request",
+        metavar="ID|TRACE_ID",
+        help="one request, from the spans the agents received: its X-Request-Id "
+        "(req-101), vLLM's id (cmpl-req-101-0) or its trace id",
     )
     ex.add_argument(
         "--output", choices=["text", "json"], default="text", help="text for people, json for tools"

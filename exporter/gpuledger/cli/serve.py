@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 from pathlib import Path
@@ -22,11 +23,19 @@ from gpuledger.cli.flags import (
 from gpuledger.explain.agents import (
     AgentAccessError,
 )
+from gpuledger.model.spans import GrpcSecurity
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.web import cluster_page
 from gpuledger.web.fleet_page import FleetPage
-from gpuledger.web.server import Exporter, LedgerPage, node_ledger_page, serve
-from gpuledger.web.webconfig import WebConfigError, load_web_config
+from gpuledger.web.server import (
+    OTLP_TRACES_PATH,
+    Exporter,
+    LedgerPage,
+    node_ledger_page,
+    parse_listen,
+    serve,
+)
+from gpuledger.web.webconfig import WebConfig, WebConfigError, load_web_config
 
 if TYPE_CHECKING:
     from gpuledger.sim.harness import PhaseClock
@@ -69,10 +78,21 @@ def run_exporter(
         simulated=config.simulated,
     )
     try:
-        httpd = serve(exporter, args.listen, config.node, config.mode, web, ledger_page=ledger_page)
+        httpd = serve(
+            exporter,
+            args.listen,
+            config.node,
+            config.mode,
+            web,
+            ledger_page=ledger_page,
+            spans=pipeline.span_sink,
+        )
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         print(f"gpuledger: error: cannot listen on {args.listen}: {reason}", file=sys.stderr)
+        return 2
+    if config.otlp_grpc_listen and start_span_grpc(pipeline, config.otlp_grpc_listen, web) is None:
+        httpd.server_close()
         return 2
     stop = threading.Event()
     _install_signal_handlers(stop)
@@ -87,6 +107,11 @@ def run_exporter(
     )
     if banner:
         print(banner.format(url=f"http://localhost:{port}"), flush=True)
+    if on_tick is not None:  # the simulator's engines send their spans here
+        local = str(host) if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        on_tick.serving(
+            f"http://{local}:{port}" if ":" not in local else f"http://[{local}]:{port}"
+        )
     # A signal sets `stop` at once; the wait's period only paces the simulator's ticks.
     while not stop.wait(0.5 if on_tick is not None else 5.0):
         if on_tick is not None:
@@ -96,6 +121,33 @@ def run_exporter(
     exporter.stop()
     pipeline.close()
     return 0
+
+
+def grpc_security(web: WebConfig | None) -> GrpcSecurity:
+    """The web config's TLS and basic auth, for the OTLP/gRPC listener."""
+    if web is None:
+        return GrpcSecurity(authorized=lambda _authorization: True)
+    files = web.tls.files if web.tls is not None else None
+    return GrpcSecurity(
+        authorized=lambda authorization: web.authorized(OTLP_TRACES_PATH, authorization),
+        cert_file=str(files.cert_file) if files else None,
+        key_file=str(files.key_file) if files else None,
+        client_ca_file=str(files.client_ca_file) if files and files.client_ca_file else None,
+        require_client_cert=files is not None and files.verify_mode == ssl.CERT_REQUIRED,
+    )
+
+
+def start_span_grpc(pipeline: Pipeline, listen: str, web: WebConfig | None) -> int | None:
+    """Starts OTLP/gRPC on `listen`; its port, or None after saying why it cannot."""
+    try:
+        port = pipeline.start_span_grpc(parse_listen(listen), grpc_security(web))
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"gpuledger: error: --otlp-grpc-listen {listen}: {exc}", file=sys.stderr)
+        return None
+    if not port:
+        print(f"gpuledger: error: cannot listen on {listen} (OTLP/gRPC)", file=sys.stderr)
+        return None
+    return port
 
 
 def cluster_ledger_page(config: PipelineConfig, args: argparse.Namespace) -> LedgerPage | None:
@@ -192,4 +244,7 @@ def serve_config(args: argparse.Namespace) -> PipelineConfig:
         ray_address=args.ray_address,
         ray_token=_read_token(args.ray_token_file),
         ray_workload=ray_workload(args.ray_address, args.ray_workload),
+        otlp_receiver=args.mode == "node" and args.otlp_receiver == "on",
+        otlp_grpc_listen=args.otlp_grpc_listen,
+        otlp_max_body_bytes=args.otlp_max_body_bytes,
     )

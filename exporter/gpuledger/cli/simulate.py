@@ -28,7 +28,11 @@ log = logging.getLogger("gpuledger")
 
 def run_simulation(scenario: Scenario, args: argparse.Namespace, banner: str | None) -> int:
     from gpuledger.sim.fake_nvml import FakeNvmlBuildError  # noqa: PLC0415 (see top)
-    from gpuledger.sim.harness import PhaseClock, SimulatedNode  # noqa: PLC0415
+    from gpuledger.sim.harness import (  # noqa: PLC0415
+        PhaseClock,
+        SimulatedNode,
+        deliver_spans,
+    )
 
     try:
         node = SimulatedNode(scenario)
@@ -37,10 +41,12 @@ def run_simulation(scenario: Scenario, args: argparse.Namespace, banner: str | N
         return 1
     with node:
         if args.once:
-            node.apply(scenario.at_phase(getattr(args, "phase", None)))
+            state = scenario.at_phase(getattr(args, "phase", None))
+            node.apply(state)
             pipeline = Pipeline(node.pipeline_config(args.source_deadline))
             exporter = Exporter(pipeline.cycle, args.interval)
             pipeline.warm_up(args.source_deadline)
+            deliver_spans(node, state, pipeline)
             exporter.run_once()
             body, _ = exporter.render(None)
             pipeline.close()
@@ -61,6 +67,8 @@ Look at:
   {{url}}/metrics   the exposition (try: curl -s {{url}}/metrics | grep allocated_unused)
   gpuledger explain --from {{url}} --workload llm/llama-8b
                         where that workload's requests wait, and why
+  gpuledger explain --from {{url}} --request req-102
+                        one slow request walked to its GPUs (its engine's spans arrive ~20 s in)
 Stop with Ctrl-C."""
 
 

@@ -387,6 +387,91 @@ class DiscrepancyDoc:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RequestDoc:
+    """One finished request, from its engine's `llm_request` span. Times are the
+    engine's clock (Unix seconds); durations are the engine's own measurements."""
+
+    request_id: str  # vLLM's gen_ai.request.id: cmpl-<X-Request-Id>-0
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    arrived_at: float
+    finished_at: float
+    queue_seconds: float | None = None
+    ttft_seconds: float | None = None
+    e2e_seconds: float | None = None
+    prefill_seconds: float | None = None
+    decode_seconds: float | None = None
+    inference_seconds: float | None = None
+    scheduler_seconds: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStateDoc:
+    """An engine's state in one cycle, from its /metrics (the agent's clock)."""
+
+    at: float
+    up: bool
+    running: float | None
+    waiting: float | None
+    waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
+    kv_cache_usage_ratio: float | None = None
+    max_num_seqs: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpanSenderDoc:
+    """One process that sent request spans, the engine they were tied to and the rule
+    that tied them (`joined_by`: k8s_pod_uid, peer_pod, host_pid; none with
+    `untied_reason`)."""
+
+    peer: str
+    service_name: str
+    instance_id: str
+    process_id: int | None
+    pod_uid: str = ""
+    joined_by: str
+    untied_reason: str = ""
+    # The engine (EngineDoc's target, model_name, engine) when tied; "" otherwise.
+    target: str = ""
+    model_name: str = ""
+    engine: str = ""
+    received_total: int = 0
+    recent: tuple[RequestDoc, ...] = ()  # newest last
+    slowest: tuple[RequestDoc, ...] = ()  # slowest first
+    states: tuple[EngineStateDoc, ...] = ()  # the tied engine's, oldest first
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterSpanDoc:
+    """A router's span (Ray Serve, a gateway): ids, kind and times only."""
+
+    service_name: str
+    peer: str
+    name: str
+    kind: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    started_at: float
+    finished_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpansDoc:
+    """What the agent's span receiver holds; `receiving` is False when it is off."""
+
+    receiving: bool = False
+    senders: tuple[SpanSenderDoc, ...] = ()
+    routers: tuple[RouterSpanDoc, ...] = ()
+    refused_total: Mapping[str, int] = field(default_factory=dict)
+    stored_bytes: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class LedgerDocument:
     """/ledger.json. Only `schema` and `node` are required of a document read: a missing
     list is an empty one (an agent that has nothing of that kind)."""
@@ -410,3 +495,4 @@ class LedgerDocument:
     ray: RayDoc = field(default_factory=RayDoc)
     serve: ServeDoc = field(default_factory=ServeDoc)
     discrepancies: tuple[DiscrepancyDoc, ...] = ()
+    spans: SpansDoc = field(default_factory=SpansDoc)

@@ -135,6 +135,22 @@ class RayExecutor:
 
 
 @dataclass(frozen=True)
+class RequestSpans:
+    """How a kind's engine reports one finished request over OTLP (docs/spans.md): the
+    span's name, and the attributes read, each by name (a release that lacks one leaves
+    the field None). Nothing else of a span is read: attributes can carry prompts."""
+
+    span_name: str
+    request_id: str  # the span attribute with the engine's request id
+    process_id: str  # the resource attribute with the API server's PID in its namespace
+    # Span attribute -> model.spans.EngineRequestSpan field, in seconds.
+    latencies: Mapping[str, str]
+    # Span attribute -> EngineRequestSpan field, an integer count.
+    counts: Mapping[str, str]
+    model: str = ""  # the span attribute naming the model; "" when the kind sends none
+
+
+@dataclass(frozen=True)
 class EngineKind:
     """One inference engine kind (see the module docstring)."""
 
@@ -162,6 +178,8 @@ class EngineKind:
     # (the next on HTTP 404), and the pure parser of that body; () when it has none.
     server_info_paths: tuple[str, ...] = ()
     parse_server_info: Callable[[bytes], ServerInfo] | None = None
+    # Its request spans, when it sends them (vLLM's --otlp-traces-endpoint).
+    spans: RequestSpans | None = None
 
     @property
     def markers(self) -> tuple[str, ...]:

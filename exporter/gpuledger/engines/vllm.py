@@ -16,6 +16,7 @@ from gpuledger.engines.kinds import (
     ExpositionNames,
     MetricName,
     RayExecutor,
+    RequestSpans,
     title_ranks,
 )
 
@@ -70,6 +71,29 @@ def parse_title(title: str, pid: int = 0) -> EngineProcess | None:
     return EngineProcess(pid, role, parts.get("DP"), parts.get("PP"), parts.get("TP"), NAME)
 
 
+# vllm/tracing.py's SpanAttributes: one SERVER span `llm_request` per finished request.
+# 0.32 sends these but time_in_scheduler and response.model (older and newer releases).
+SPANS = RequestSpans(
+    span_name="llm_request",
+    request_id="gen_ai.request.id",
+    process_id="vllm.process_id",
+    latencies={
+        "gen_ai.latency.time_in_queue": "queue_seconds",
+        "gen_ai.latency.time_to_first_token": "ttft_seconds",
+        "gen_ai.latency.e2e": "e2e_seconds",
+        "gen_ai.latency.time_in_model_prefill": "prefill_seconds",
+        "gen_ai.latency.time_in_model_decode": "decode_seconds",
+        "gen_ai.latency.time_in_model_inference": "inference_seconds",
+        "gen_ai.latency.time_in_scheduler": "scheduler_seconds",
+    },
+    counts={
+        "gen_ai.usage.prompt_tokens": "prompt_tokens",
+        "gen_ai.usage.completion_tokens": "completion_tokens",
+        "gen_ai.request.max_tokens": "max_tokens",
+    },
+    model="gen_ai.response.model",
+)
+
 VLLM = EngineKind(
     name=NAME,
     metrics=(METRICS,),
@@ -111,4 +135,5 @@ VLLM = EngineKind(
         worker_prefix="vllm_Worker_",
     ),
     versions=VERSIONS,
+    spans=SPANS,
 )

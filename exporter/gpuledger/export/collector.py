@@ -10,9 +10,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample, Timestamp
+from prometheus_client.samples import Exemplar, Sample, Timestamp
 
 from gpuledger import __version__
 from gpuledger.export import families as F
@@ -23,6 +28,7 @@ from gpuledger.ledger.engines import identity as engine_identity
 from gpuledger.model import SOURCE_STATES
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.nvml import LINK_LEVELS, MigDevice
+from gpuledger.model.spans import LatencyCounts
 
 # The engine's configuration labels, read from its config in this order.
 CONFIG_LABELS = F.ENGINE_CONFIG_INFO.labels[len(F.ENGINE_LABELS) :]
@@ -352,6 +358,72 @@ def serve_families(ledger: Ledger) -> Iterator[Metric]:
     yield from (f for f in (info, queued, at_replicas, replica_info, ongoing) if f.samples)
 
 
+def _merged(counts: Sequence[LatencyCounts]) -> LatencyCounts:
+    """One engine's histogram from its senders' (an API server restarted is a new
+    sender): counts and sums added, each bucket's newest exemplar."""
+    first = counts[0]
+    exemplars: dict[int, tuple[str, float, float]] = {}
+    for c in counts:
+        for bucket, exemplar in c.exemplars.items():
+            if bucket not in exemplars or exemplar[2] > exemplars[bucket][2]:
+                exemplars[bucket] = exemplar
+    return LatencyCounts(
+        first.bounds,
+        tuple(sum(column) for column in zip(*(c.counts for c in counts), strict=True)),
+        sum(c.total for c in counts),
+        exemplars,
+    )
+
+
+def _buckets(counts: LatencyCounts) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
+    bounds = [f"{b:g}" for b in counts.bounds] + ["+Inf"]
+    buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+    for i, (le, count) in enumerate(zip(bounds, counts.counts, strict=True)):
+        found = counts.exemplars.get(i)
+        if found is None:
+            buckets.append((le, float(count)))
+        else:
+            trace_id, value, at = found
+            buckets.append((le, float(count), Exemplar({"trace_id": trace_id}, value, at)))
+    return buckets
+
+
+def request_families(ledger: Ledger) -> Iterator[Metric]:
+    """Per-engine latency histograms from the spans tied to it, and the receiver's own
+    state; nothing while the receiver is off."""
+    requests = ledger.requests
+    if requests is None:
+        return
+    node = ledger.node
+    by_engine: dict[tuple[str, ...], tuple[list[LatencyCounts], list[LatencyCounts]]] = {}
+    joined: Counter[str] = Counter()
+    for sender in requests.senders:
+        joined[sender.joined_by] += 1
+        if sender.engine is None:
+            continue
+        queue, ttft = by_engine.setdefault(sender.engine, ([], []))
+        queue.extend([sender.queue_time] if sender.queue_time else [])
+        ttft.extend([sender.ttft] if sender.ttft else [])
+    for spec, index in ((F.ENGINE_REQUEST_QUEUE_SECONDS, 0), (F.ENGINE_REQUEST_TTFT_SECONDS, 1)):
+        family = HistogramMetricFamily(spec.name, spec.help, labels=["node", *spec.labels])
+        for engine, lists in sorted(by_engine.items()):
+            if lists[index]:
+                merged = _merged(lists[index])
+                family.add_metric([node, *engine], _buckets(merged), merged.total)
+        yield family
+    senders = _gauge(F.OTLP_SENDERS)
+    for rule in ("k8s_pod_uid", "peer_pod", "host_pid", "none"):
+        senders.add_metric([node, rule], joined[rule])
+    yield senders
+    refused = _counter(F.OTLP_REFUSED_TOTAL)
+    for reason, count in sorted(requests.refused_total.items()):
+        refused.add_metric([node, reason], count)
+    yield refused
+    stored = _gauge(F.OTLP_STORED_BYTES)
+    stored.add_metric([node], requests.stored_bytes)
+    yield stored
+
+
 def dropped_series(ledger: Ledger) -> dict[str, int]:
     """Series per family that the ledger's caps kept out this snapshot: its overflow,
     built into families by the same code as what is exported, and counted."""
@@ -431,6 +503,7 @@ LEDGER_FAMILIES: Mapping[str, tuple[Callable[[Ledger], Iterator[Metric]], ...]] 
         engine_families,
         ray_families,
         serve_families,
+        request_families,
     ),
     "cluster": (pending_families, dra_node_families, ray_cluster_families),
 }

@@ -48,6 +48,7 @@ from gpuledger.document.v1 import (
     WorkerNodeDoc,
 )
 from gpuledger.export.published import Published
+from gpuledger.export.spans_document import spans_doc
 from gpuledger.ledger import ContainerRef, Ledger
 from gpuledger.ledger.engines import Engine
 from gpuledger.ledger.ray import RayWorker
@@ -445,6 +446,7 @@ def ledger_document(published: Published) -> LedgerDocument:
             for d in ledger.discrepancies
             if d.active
         ),
+        spans=spans_doc(ledger),
     )
 
 

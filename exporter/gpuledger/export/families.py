@@ -16,13 +16,16 @@ from typing import Final, Literal
 
 from gpuledger.ledger import caps
 
-Kind = Literal["gauge", "counter", "info", "stateset"]
+Kind = Literal["gauge", "counter", "info", "stateset", "histogram"]
 # On the wire (text format 0.0.4) info and state-set families are gauges: an info family
 # is one series valued 1 per identity, a state set one series per state, exactly one 1.
 GAUGE: Final[Kind] = "gauge"
 COUNTER: Final[Kind] = "counter"
 INFO: Final[Kind] = "info"
 STATESET: Final[Kind] = "stateset"
+# A histogram's series are its buckets, _sum and _count; its exemplars (OpenMetrics only)
+# carry a trace id, never a label.
+HISTOGRAM: Final[Kind] = "histogram"
 
 Stability = Literal["stable", "experimental"]
 STABLE: Final[Stability] = "stable"
@@ -81,8 +84,10 @@ class FamilySpec:
     repeats: bool = False
 
     @property
-    def wire_type(self) -> Literal["gauge", "counter"]:
-        return "counter" if self.kind == COUNTER else "gauge"
+    def wire_type(self) -> Literal["gauge", "counter", "histogram"]:
+        if self.kind in (COUNTER, HISTOGRAM):
+            return "counter" if self.kind == COUNTER else "histogram"
+        return "gauge"
 
     @property
     def dropped(self) -> bool:
@@ -1263,6 +1268,85 @@ BUILD_INFO: Final = declare(
         'pipeline\'s configuration, never guessed), `"false"` under `serve`. '
         '`gpuledger_build_info{simulated="true"}` finds simulated targets: the mixin\'s '
         'dashboards show a "SIMULATED DATA" banner while one is in view.'
+    ),
+)
+
+# Request spans (docs/spans.md): per engine, from the spans the receiver tied to it.
+_REQUEST_BUCKETS = "16"  # store.LATENCY_BOUNDS (13) + +Inf, _sum, _count
+ENGINE_REQUEST_QUEUE_SECONDS: Final = declare(
+    "gpuledger_engine_request_queue_seconds",
+    HISTOGRAM,
+    ENGINES,
+    help="Seconds finished requests waited in the engine's queue (its spans' "
+    "gen_ai.latency.time_in_queue); exemplars carry trace_id.",
+    labels=ENGINE_LABELS,
+    stability=EXPERIMENTAL,
+    rows="requests",
+    budget=(Budget(NODE, f"{_REQUEST_BUCKETS} × 64", "`MAX_SENDERS` tied senders", 1024),),
+    meaning=(
+        "From each finished request's `llm_request` span, with `--otlp-receiver on`: "
+        "the engine's own queue time, cumulative since the agent first heard from the "
+        "engine's API server. Exemplars (OpenMetrics only) carry the request's `trace_id`, "
+        "so a panel links to the trace; no request id is ever a label."
+    ),
+)
+ENGINE_REQUEST_TTFT_SECONDS: Final = declare(
+    "gpuledger_engine_request_ttft_seconds",
+    HISTOGRAM,
+    ENGINES,
+    help="Seconds from arrival to the first token of finished requests (their spans' "
+    "gen_ai.latency.time_to_first_token); exemplars carry trace_id.",
+    labels=ENGINE_LABELS,
+    stability=EXPERIMENTAL,
+    rows="requests",
+    budget=(Budget(NODE, f"{_REQUEST_BUCKETS} × 64", "`MAX_SENDERS` tied senders", 1024),),
+    meaning=(
+        "As `gpuledger_engine_request_queue_seconds`, for the time to first token "
+        "(queue, prefill and the first decode step)."
+    ),
+)
+OTLP_SENDERS: Final = declare(
+    "gpuledger_otlp_senders",
+    GAUGE,
+    SELF,
+    help="Processes whose request spans the receiver holds, by the rule that tied them "
+    "to an engine (none: not tied).",
+    labels=("joined_by",),
+    stability=EXPERIMENTAL,
+    rows="requests",
+    budget=(Budget(NODE, "4", "the rules: `k8s_pod_uid`, `peer_pod`, `host_pid`, `none`", 4),),
+    meaning=(
+        "With `--otlp-receiver on`. `none` counts senders no rule could tie "
+        "(explain --request says why); [design.md](design.md), identity rule 10."
+    ),
+)
+OTLP_REFUSED_TOTAL: Final = declare(
+    "gpuledger_otlp_refused_total",
+    COUNTER,
+    SELF,
+    help="Span export requests (or spans) the receiver turned away, by reason.",
+    labels=("reason",),
+    stability=EXPERIMENTAL,
+    rows="requests",
+    budget=(Budget(NODE, "5", "`too_large`, `rate`, `malformed`, `media_type`, `senders`", 5),),
+    meaning=(
+        "`too_large`: over `--otlp-max-body-bytes` (before or after gzip); `rate`: over "
+        "the receiver's bytes per second; `malformed`: not OTLP; `media_type`: neither "
+        "protobuf nor JSON; `senders` (spans): no room for one more sender."
+    ),
+)
+OTLP_STORED_BYTES: Final = declare(
+    "gpuledger_otlp_stored_bytes",
+    GAUGE,
+    SELF,
+    help="Estimated bytes the held spans take (bounded by the receiver's budget).",
+    labels=(),
+    stability=EXPERIMENTAL,
+    rows="requests",
+    budget=(Budget(NODE, "1", "one per agent", 1),),
+    meaning=(
+        "Held spans × their measured size; at most the budget in "
+        "[performance.md](performance.md#the-span-receivers-budget)."
     ),
 )
 

@@ -27,6 +27,7 @@ from gpuledger.ledger.engines import (
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
+from gpuledger.ledger.spans import EngineHistory, RequestLedger, build_requests, engine_history
 from gpuledger.ledger.topology import Topology, ray_engine_links, with_links
 from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot, NodeDevices
@@ -42,6 +43,7 @@ from gpuledger.model.podresources import (
 from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
 from gpuledger.model.ray import RAY_CLUSTER, RAY_LOCAL, LocalRayNode
 from gpuledger.model.serve import SERVE
+from gpuledger.model.spans import SPANS
 
 # How a capped field is cut: (rows, limit) -> (kept, past the cap).
 Cut = Callable[[Sequence[Any], int], tuple[tuple[Any, ...], tuple[Any, ...]]]
@@ -230,6 +232,11 @@ class Ledger:
     claims: tuple[ClaimInfo, ...] = ()
     # Cluster mode: GPU devices per node in the GPU drivers' ResourceSlices.
     dra_nodes: tuple[NodeDevices, ...] = ()
+    # Node mode with the span receiver on: the requests received, tied to their engines
+    # (ledger/spans.py); and every engine's state over the last cycles, for reading a
+    # request against the engine as it was.
+    requests: RequestLedger | None = None
+    engine_history: tuple[EngineHistory, ...] = ()
 
 
 class _Pods:
@@ -621,6 +628,13 @@ def build_ledger(
         serve=layers.serve,
         claims=_pending_claims(pending, dra),
         dra_nodes=dra.nodes if dra is not None and not node_mode else (),
+        requests=build_requests(snapshots.get(SPANS), layers.engines, process_table, pods),
+        # Kept only while spans are received: nothing else reads it.
+        engine_history=engine_history(
+            layers.engines, previous.engine_history if previous else (), taken_at
+        )
+        if snapshots.get(SPANS) is not None
+        else (),
     )
     return _capped(ledger, layers.overflow(gpus_over))
 

@@ -57,6 +57,7 @@ from gpuledger.sim.fake_serve import (
     install,
     serve_exposition,
 )
+from gpuledger.sim.fake_spans import SpanBatch, export_body, post
 from gpuledger.sim.fake_vllm import FakeEngine, FakeVllmServer
 from gpuledger.sim.ray_jobs import ray_job_rows
 from gpuledger.sim.scenario import (
@@ -646,7 +647,23 @@ class SimulatedNode:
             ray_token=self.scenario.ray.token if self.scenario.ray is not None else None,
             ray_workload=_ray_workload(self.scenario),
             simulated=True,
+            otlp_receiver=sends_spans(self.scenario),
         )
+
+    def span_batches(self, state: Scenario, phase_start_ns: int) -> list[SpanBatch]:
+        """What each engine server of `state` with requests sends, from its address."""
+        batches = []
+        for sim in state.engines:
+            if not sim.requests:
+                continue
+            body = export_body(
+                sim.requests,
+                phase_start_ns,
+                kind=BY_NAME[sim.kind],
+                process_id=_sender_pid(sim, state),
+            )
+            batches.append(SpanBatch(self.engines[sim.key].host, body))
+        return batches
 
     def close(self) -> None:
         for metrics in self.ray_metrics.values():
@@ -672,12 +689,22 @@ class SimulatedNode:
 
 
 class PhaseClock:
-    """Advances a simulated node through its scenario's phases in real time."""
+    """Advances a simulated node through its scenario's phases in real time, and once
+    the agent serves, has each phase's engines send their requests' spans to it when the
+    last of them has finished."""
 
     def __init__(self, node: SimulatedNode, scenario: Scenario) -> None:
         self.node, self.scenario = node, scenario
         self.started = time.monotonic()
         self.current: str | None = None
+        self._phase_wall = time.time()
+        self._phase_started = self.started
+        self._endpoint: str | None = None
+        self._sent = False
+
+    def serving(self, url: str) -> None:
+        """The agent's base URL: spans go to its POST /v1/traces."""
+        self._endpoint = url + "/v1/traces"
 
     def tick(self) -> None:
         elapsed = time.monotonic() - self.started
@@ -686,6 +713,69 @@ class PhaseClock:
             self.current = due[-1]
             logging.getLogger(__name__).info("scenario phase %s", self.current)
             self.node.apply(self.scenario.at_phase(self.current))
+            self._phase_wall, self._phase_started, self._sent = time.time(), time.monotonic(), False
+        self._send_spans()
+
+    def _send_spans(self) -> None:
+        state = self.scenario.at_phase(self.current)
+        if self._endpoint is None or self._sent:
+            return
+        if time.monotonic() - self._phase_started < _last_finish(state):
+            return
+        self._sent = True
+        for batch in self.node.span_batches(state, int(self._phase_wall * 1e9)):
+            try:
+                post(self._endpoint, batch)
+            except OSError as exc:
+                logging.getLogger(__name__).warning("simulated spans not sent: %s", exc)
+
+
+def _last_finish(state: Scenario) -> float:
+    """Seconds into the phase when its last simulated request has finished."""
+    ends = [r.after + r.queue + r.prefill + r.decode for sim in state.engines for r in sim.requests]
+    return max(ends, default=0.0) + 0.5
+
+
+def sends_spans(scenario: Scenario) -> bool:
+    """Whether any phase's engines send spans: then the agent's receiver is on."""
+    names = [None, *(p.name for p in scenario.phases)]
+    return any(sim.requests for name in names for sim in scenario.at_phase(name).engines)
+
+
+def _sender_pid(sim: SimEngineServer, state: Scenario) -> int | None:
+    """vllm.process_id: the engine's API server's PID in its own namespace (the last
+    NSpid entry), as vLLM reports os.getpid()."""
+    procs = {p.pid: p for p in state.processes}
+    prefix = BY_NAME[sim.kind].title_prefix
+    pid = sim.api_server
+    if pid is None:
+        servers = {
+            p.ppid
+            for p in state.processes
+            if p.cmdline[:1]
+            and p.cmdline[0].startswith(prefix)
+            and p.ppid in procs
+            and not procs[p.ppid].cmdline[0].startswith(prefix)
+        }
+        pod = next((p for p in state.pods or () if f"{p.namespace}/{p.name}" == sim.pod), None)
+        mark = pod.uid.replace("-", "_") if pod is not None else None
+        mine = [s for s in servers if mark is None or mark in procs[s].cgroup]
+        pid = mine[0] if len(mine) == 1 else None
+    if pid is None or pid not in procs:
+        return None
+    return (procs[pid].nspid or (pid,))[-1]
+
+
+def deliver_spans(node: SimulatedNode, state: Scenario, pipeline: Pipeline) -> None:
+    """Without an HTTP server: the engines' spans handed to the receiver, each from its
+    engine's address, after one cycle so that the engine's state before them is sampled."""
+    sink = pipeline.span_sink
+    if sink is None:
+        return
+    pipeline.cycle()
+    start_ns = int((time.time() - _last_finish(state)) * 1e9)
+    for batch in node.span_batches(state, start_ns):
+        sink.accept(batch.body, "application/x-protobuf", "", batch.source_host)
 
 
 def settled_document(scenario: Scenario, deadline_seconds: float = 5.0) -> LedgerDocument:
@@ -696,6 +786,7 @@ def settled_document(scenario: Scenario, deadline_seconds: float = 5.0) -> Ledge
         try:
             pipeline.warm_up(deadline_seconds)
             give_up = time.monotonic() + deadline_seconds
+            deliver_spans(node, scenario, pipeline)
             while True:
                 published = pipeline.cycle()
                 down = [s for s in published.ledger.sources if s.state == "down"]

@@ -7,6 +7,7 @@ Errors name the file, the path inside it and what was expected, e.g.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 import reprlib
 import uuid
@@ -133,6 +134,7 @@ PODRESOURCES_KEYS = frozenset({"allocations", "dynamic", "fault"})
 ALLOCATION_KEYS = frozenset({"namespace", "pod", "container", "resource", "devices"})
 TARGET_KEYS = frozenset(
     {"kind", "pod", "name", "engines", "fault", "style", "api_server", "socket", "server_info"}
+    | {"requests"}
 )
 SERVER_INFO_KEYS = frozenset(
     {
@@ -146,6 +148,10 @@ SERVER_INFO_KEYS = frozenset(
         "api_key",
         "fault",
     }
+)
+REQUEST_KEYS = frozenset(
+    {"id", "after", "queue", "prefill", "decode", "prompt_tokens", "completion_tokens"}
+    | {"trace_id", "router"}
 )
 DYNAMIC_KEYS = frozenset(
     {
@@ -247,6 +253,7 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
     "engines[]": TARGET_KEYS,
     "engines[].engines[]": ENGINE_KEYS,
     "engines[].server_info": SERVER_INFO_KEYS,
+    "engines[].requests[]": REQUEST_KEYS,
     "podresources.dynamic[]": DYNAMIC_KEYS,
     "dra": DRA_KEYS,
     "dra.slices[]": DRA_SLICE_KEYS,
@@ -436,6 +443,22 @@ class SimEngine:
 
 
 @dataclass(frozen=True)
+class SimRequest:
+    """One finished request whose `llm_request` span the engine sends to the agent's
+    span receiver (sim/fake_spans.py), `after` seconds into its phase."""
+
+    id: str  # the X-Request-Id; vLLM's request id is cmpl-<id>-0
+    after: float
+    queue: float
+    prefill: float
+    decode: float
+    prompt_tokens: int
+    completion_tokens: int
+    trace_id: str  # 32 hex digits
+    router: bool  # a Ray Serve proxy span in the same trace, its parent
+
+
+@dataclass(frozen=True)
 class SimEngineServer:
     """One engine API server's /metrics: in a pod (`pod: ns/name`) or a static target."""
 
@@ -452,6 +475,7 @@ class SimEngineServer:
     socket: str = "readable"  # readable | unreadable
     # SGLang's /server_info (None: that path answers 404).
     server_info: fake_sglang.FakeServerInfo | None = None
+    requests: tuple[SimRequest, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -979,6 +1003,8 @@ def _engine_server(doc: object, at: _Path, position: int, kind: str | None) -> S
     info = d.get("server_info")
     if info is not None and kind != fake_sglang.KIND:
         raise (at / "server_info").fail("only on an sglang entry", info)
+    if d.get("requests") and BY_NAME[kind].spans is None:
+        raise (at / "requests").fail("only on an entry of a kind that sends request spans", kind)
     return SimEngineServer(
         kind=kind,
         key=name or (pod if isinstance(pod, str) else f"static-{position}"),
@@ -990,6 +1016,10 @@ def _engine_server(doc: object, at: _Path, position: int, kind: str | None) -> S
         api_server=None if api_server is None else _int(api_server, at / "api_server", 2),
         socket=socket,
         server_info=None if info is None else _server_info(info, at / "server_info"),
+        requests=tuple(
+            _request(r, at / "requests" / i)
+            for i, r in enumerate(_list(d.get("requests"), at / "requests"))
+        ),
     )
 
 
@@ -1011,6 +1041,29 @@ def _server_info(doc: object, at: _Path) -> fake_sglang.FakeServerInfo:
         served_model_name=_str(d.get("served_model_name", "tiny"), at / "served_model_name"),
         api_key=None if d.get("api_key") is None else _str(d.get("api_key"), at / "api_key"),
         fault=fault,
+    )
+
+
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def _request(doc: object, at: _Path) -> SimRequest:
+    d = _mapping(doc, at)
+    _check_keys(d, REQUEST_KEYS, at)
+    request_id = _str(d.get("id"), at / "id", "a request id")
+    trace_id = d.get("trace_id", hashlib.sha256(request_id.encode()).hexdigest()[:32])
+    if not isinstance(trace_id, str) or not _TRACE_ID.fullmatch(trace_id):
+        raise (at / "trace_id").fail("32 lowercase hex digits", trace_id)
+    return SimRequest(
+        id=request_id,
+        after=parse_duration(d.get("after", 0), at / "after"),
+        queue=parse_duration(d.get("queue", 0), at / "queue"),
+        prefill=parse_duration(d.get("prefill", 0.05), at / "prefill"),
+        decode=parse_duration(d.get("decode", 0.5), at / "decode"),
+        prompt_tokens=_int(d.get("prompt_tokens", 128), at / "prompt_tokens"),
+        completion_tokens=_int(d.get("completion_tokens", 64), at / "completion_tokens"),
+        trace_id=trace_id,
+        router=_bool(d.get("router", False), at / "router"),
     )
 
 

@@ -21,6 +21,7 @@ from gpuledger.document.v1 import (
 )
 from gpuledger.explain.chain import source_state, verdicts
 from gpuledger.explain.verdict import workload_verdict
+from gpuledger.web.requests_page import slowest_section
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#1b1f24}
@@ -302,5 +303,6 @@ Sources: {sources}. <a href="ledger.json">ledger.json</a> · <a href="metrics">m
 <th>engines up</th><th>waiting</th><th>running</th><th>max KV</th><th>evidence</th>
 <th>what to do next</th></tr></thead>
 <tbody>{workload_rows}</tbody></table>
+{slowest_section(doc)}
 </body></html>
 """

@@ -33,13 +33,20 @@ from gpuledger.export.collector import LedgerCollector
 from gpuledger.export.document import document_bytes, ledger_document
 from gpuledger.export.exposition import FamilyRenderer, render_text
 from gpuledger.export.published import Published
+from gpuledger.model.spans import IngestAnswer, SpanSink
 from gpuledger.web.node_page import render_page, simulated_banner
+from gpuledger.web.requests_page import request_page, requested
 from gpuledger.web.runbooks import runbooks_page
 from gpuledger.web.webconfig import TlsContext, WebConfig
 
 log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_REQUESTS = 16
+# Span exports get workers of their own, so a flood of them never takes a scrape's.
+MAX_CONCURRENT_INGESTS = 2
+OTLP_TRACES_PATH = "/v1/traces"
+# A body must arrive within this, however it trickles.
+BODY_DEADLINE_SECONDS = 10.0
 # Liveness fails once no cycle has completed for this many intervals (and at least
 # STALL_FLOOR_SECONDS): a stuck collection loop serves ever older data, and a restart is
 # the only cure.
@@ -170,7 +177,11 @@ class Exporter:
 LedgerPage = Callable[[LedgerDocument, str], tuple[int, str]]
 
 
-def node_ledger_page(doc: LedgerDocument, _query: str) -> tuple[int, str]:
+def node_ledger_page(doc: LedgerDocument, query: str) -> tuple[int, str]:
+    """This node's page, or with `?request=ID` that request explained."""
+    request_id = requested(query)
+    if request_id is not None:
+        return request_page(doc, request_id)
     return HTTPStatus.OK, render_page(doc)
 
 
@@ -262,7 +273,9 @@ def make_handler(
     web: WebConfig | None = None,
     *,
     ledger_page: LedgerPage = node_ledger_page,
+    spans: SpanSink | None = None,
 ) -> type[BaseHTTPRequestHandler]:
+    """`spans`: the span receiver answering POST /v1/traces, when it is on."""
     routes = Routes(exporter, node, mode, ledger_page)
 
     class Handler(BaseHTTPRequestHandler):
@@ -280,6 +293,21 @@ def make_handler(
         def do_HEAD(self) -> None:
             self._route()
 
+        def do_POST(self) -> None:
+            path = self.path.partition("?")[0]
+            if spans is None or path != OTLP_TRACES_PATH:
+                self._send(Answer(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain"))
+                return
+            if web is not None and not web.authorized(path, self.headers.get("Authorization")):
+                self._refuse()
+                return
+            answer, whole = ingest(self, spans)
+            self.close_connection = self.close_connection or not whole
+            extra = tuple(web.headers) if web is not None else ()
+            if answer.retry_after_seconds is not None:
+                extra += (("Retry-After", str(answer.retry_after_seconds)),)
+            self._send(Answer(HTTPStatus(answer.status), answer.body, answer.content_type), extra)
+
         def _route(self) -> None:
             path, _, query = self.path.partition("?")
             if web is not None and not web.authorized(path, self.headers.get("Authorization")):
@@ -289,14 +317,14 @@ def make_handler(
             headers = {n: v for n in _ROUTED_HEADERS if (v := self.headers.get(n)) is not None}
             self._send(routes.answer(path, query, headers))
 
-        def _send(self, answer: Answer) -> None:
+        def _send(self, answer: Answer, extra: tuple[tuple[str, str], ...] = ()) -> None:
             self.send_response(answer.status)
-            self.send_header("Content-Type", answer.content_type)
+            self.send_header("Content-Type", answer.content_type or "text/plain")
             if answer.encoding is not None:
                 self.send_header("Content-Encoding", answer.encoding)
                 self.send_header("Vary", "Accept-Encoding")
             self.send_header("Content-Length", str(len(answer.body)))
-            for name, value in web.headers if web is not None else ():
+            for name, value in extra or (web.headers if web is not None else ()):
                 self.send_header(name, value)
             self.end_headers()
             if self.command != "HEAD":
@@ -316,6 +344,46 @@ def make_handler(
             log.debug("http: " + format, *args)
 
     return Handler
+
+
+def ingest(handler: BaseHTTPRequestHandler, sink: SpanSink) -> tuple[IngestAnswer, bool]:
+    """One span export request: its answer, and whether its body was read whole (else the
+    connection must close: unread bytes are no next request)."""
+    length_text = handler.headers.get("Content-Length", "")
+    if handler.headers.get("Transfer-Encoding") or not length_text.isdigit():
+        return IngestAnswer(HTTPStatus.LENGTH_REQUIRED, b"Content-Length required\n", ""), False
+    length = int(length_text)
+    refused = sink.admit(length)
+    if refused is not None:
+        return refused, False
+    body = _read_body(handler.rfile, handler.connection, length)
+    if body is None:
+        return IngestAnswer(HTTPStatus.REQUEST_TIMEOUT, b"body incomplete\n", ""), False
+    peer = handler.client_address[0] if handler.client_address else ""
+    content_type = handler.headers.get("Content-Type", "")
+    encoding = handler.headers.get("Content-Encoding", "")
+    return sink.accept(body, content_type, encoding, str(peer)), True
+
+
+def _read_body(buffered: Any, sock: socket.socket, length: int) -> bytes | None:
+    """The request's `length` bytes: those the gate read with the head, then the rest from
+    the socket until BODY_DEADLINE_SECONDS pass (None: it did not all arrive). The caller
+    admitted `length` against the cap, so no more is ever held."""
+    body = bytearray(buffered.read(length))
+    deadline = time.monotonic() + BODY_DEADLINE_SECONDS
+    while len(body) < length:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(min(1 << 16, length - len(body)))
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        body += chunk
+    return bytes(body)
 
 
 def _wants_gzip(accept_encoding: str | None) -> bool:
@@ -352,6 +420,10 @@ _STALLED = (
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 33\r\nConnection: close\r\n\r\ncollection loop made no progress\n"
 )
+_BUSY_INGEST = (
+    b"HTTP/1.0 429 Too Many Requests\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+    b"Content-Length: 18\r\nConnection: close\r\n\r\ntoo many requests\n"
+)
 _BUSY = (
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 18\r\nConnection: close\r\n\r\ntoo many requests\n"
@@ -378,6 +450,10 @@ class GatedHTTPServer(HTTPServer):
         alive: Callable[[], bool] = lambda: True,
         tls: TlsContext | None = None,
     ) -> None:
+        self._ingest_slots = threading.BoundedSemaphore(MAX_CONCURRENT_INGESTS)
+        self._ingesters = concurrent.futures.ThreadPoolExecutor(
+            MAX_CONCURRENT_INGESTS, thread_name_prefix="otlp"
+        )
         self._closing = threading.Event()
         self._alive = alive
         self._tls = tls
@@ -451,9 +527,12 @@ class GatedHTTPServer(HTTPServer):
         except OSError:  # reset, or a TLS handshake that failed (plain HTTP on a TLS port)
             data = b""
         head += data
-        if not data or len(head) > MAX_HEAD_BYTES:
+        # A POST's body may follow its head in the same reads: only the head is capped.
+        ends = [i for i in (head.find(b"\r\n\r\n"), head.find(b"\n\n")) if i >= 0]
+        complete = bool(ends) and min(ends) <= MAX_HEAD_BYTES
+        if not data or (len(head) > MAX_HEAD_BYTES and not complete):
             self._drop(sock, waiting)
-        elif b"\r\n\r\n" in head or b"\n\n" in head:
+        elif complete:
             self._selector.unregister(sock)
             del waiting[sock]
             sock.setblocking(True)
@@ -463,12 +542,22 @@ class GatedHTTPServer(HTTPServer):
                 with contextlib.suppress(OSError):
                     sock.sendall(_ALIVE if self._alive() else _STALLED)
                 self.shutdown_request(sock)
+            elif head.startswith(b"POST "):
+                self._dispatch_ingest(sock, address, bytes(head))
             elif self._slots.acquire(blocking=False):
-                self._workers.submit(self._work, sock, address, bytes(head))
+                self._workers.submit(self._work, sock, address, bytes(head), self._slots)
             else:
                 with contextlib.suppress(OSError):
                     sock.sendall(_BUSY)
                 self.shutdown_request(sock)
+
+    def _dispatch_ingest(self, sock: socket.socket, address: Any, head: bytes) -> None:
+        if self._ingest_slots.acquire(blocking=False):
+            self._ingesters.submit(self._work, sock, address, head, self._ingest_slots)
+            return
+        with contextlib.suppress(OSError):
+            sock.sendall(_BUSY_INGEST)  # OTLP exporters retry a 429 after Retry-After
+        self.shutdown_request(sock)
 
     def _drop(
         self, sock: socket.socket, waiting: dict[socket.socket, tuple[Any, bytearray, float]]
@@ -478,7 +567,9 @@ class GatedHTTPServer(HTTPServer):
         waiting.pop(sock, None)
         self.shutdown_request(sock)
 
-    def _work(self, sock: socket.socket, address: Any, head: bytes) -> None:
+    def _work(
+        self, sock: socket.socket, address: Any, head: bytes, slots: threading.BoundedSemaphore
+    ) -> None:
         try:
             _prefetched.head = head
             self.RequestHandlerClass(sock, address, self)  # type: ignore[arg-type]
@@ -486,7 +577,7 @@ class GatedHTTPServer(HTTPServer):
             log.debug("request failed", exc_info=True)
         finally:
             self.shutdown_request(sock)
-            self._slots.release()
+            slots.release()
 
     def server_close(self) -> None:
         if not hasattr(self, "_gate"):  # binding failed: only the socket to close
@@ -497,6 +588,7 @@ class GatedHTTPServer(HTTPServer):
             self._wake_writer.send(b"\0")
         self._gate.join(timeout=5)
         self._workers.shutdown(wait=False, cancel_futures=True)
+        self._ingesters.shutdown(wait=False, cancel_futures=True)
         self._selector.close()
         self._wake_reader.close()
         self._wake_writer.close()
@@ -511,12 +603,14 @@ def serve(
     web: WebConfig | None = None,
     *,
     ledger_page: LedgerPage = node_ledger_page,
+    spans: SpanSink | None = None,
 ) -> GatedHTTPServer:
-    """`ledger_page` renders /ledger: this node's page, or the cluster view's (cluster_page)."""
+    """`ledger_page` renders /ledger: this node's page, or the cluster view's (cluster_page).
+    `spans`: the span receiver for POST /v1/traces (off: None)."""
     host, port = parse_listen(listen)
     return GatedHTTPServer(
         (host, port),
-        make_handler(exporter, node, mode, web, ledger_page=ledger_page),
+        make_handler(exporter, node, mode, web, ledger_page=ledger_page, spans=spans),
         lambda: exporter.alive,
         tls=web.tls if web is not None else None,
     )
