@@ -159,6 +159,37 @@
       {
         name: 'gpuledger.rules',
         rules: [
+          // ------------------------------------------------------------ workloads
+          // First in the group, from raw series only: Prometheus evaluates a group's rules
+          // one after another against the live head, so a scrape landing mid-group, were
+          // this rule later, could name a new workload the aggregates before it missed (a
+          // one-evaluation no_engine, seen in CI). First, every aggregate after it is as new.
+          // Every workload any layer knows. A namespace-less Ray key is kept only while no
+          // namespaced series names a workload of that name.
+          {
+            record: 'namespace_workload:gpuledger_workloads:group',
+            expr: |||
+              group by (%(wkey)s) (
+              %(namespaced2)s
+              )
+              or
+              (
+                group by (%(wkey)s) (
+              %(namespaceless4)s
+                )
+                unless on (%(cl)s, workload)
+                group by (%(wkey)s) (
+              %(namespaced4)s
+                )
+              )
+            ||| % {
+              wkey: wkey,
+              cl: cl,
+              namespaced2: indent(union(namespacedWorkloadSeries), 2),
+              namespaced4: indent(union(namespacedWorkloadSeries), 4),
+              namespaceless4: indent(union(namespacelessWorkloadSeries), 4),
+            },
+          },
           // ------------------------------------------------------------ placement
           {
             record: 'namespace_workload_reason:gpuledger_pod_pending_placement:sum',
@@ -325,32 +356,6 @@
             ||| % { wkey: wkey },
           },
           // ------------------------------------------------------------ stage
-          // Every workload any layer knows. A namespace-less Ray key is kept only while no
-          // namespaced series names a workload of that name.
-          {
-            record: 'namespace_workload:gpuledger_workloads:group',
-            expr: |||
-              group by (%(wkey)s) (
-              %(namespaced2)s
-              )
-              or
-              (
-                group by (%(wkey)s) (
-              %(namespaceless4)s
-                )
-                unless on (%(cl)s, workload)
-                group by (%(wkey)s) (
-              %(namespaced4)s
-                )
-              )
-            ||| % {
-              wkey: wkey,
-              cl: cl,
-              namespaced2: indent(union(namespacedWorkloadSeries), 2),
-              namespaced4: indent(union(namespacedWorkloadSeries), 4),
-              namespaceless4: indent(union(namespacelessWorkloadSeries), 4),
-            },
-          },
           // The stage and its reason as one number, stage code * 100 + reason rank: the
           // strongest condition of stages.json that holds.
           {
