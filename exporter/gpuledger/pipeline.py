@@ -64,6 +64,15 @@ class PipelineConfig:
     dra_device_classes: tuple[str, ...] = DEFAULT_GPU_DEVICE_CLASSES
     dra_drivers: tuple[str, ...] = DEFAULT_GPU_DRIVERS
     kubeconfig: str | None = None
+    # Cluster mode: InferencePools (inference.networking.k8s.io/v1) and their endpoint
+    # pickers' metrics; False leaves both sources out of the list, as DRA.
+    gateway: bool = False
+    # (NAMESPACE/POOL, URL): a picker's metrics URL, instead of its Service's.
+    gateway_picker_urls: tuple[tuple[str, str], ...] = ()
+    # Sent to pickers only, as a bearer token: never the service account's own token
+    # (any namespace that may create an InferencePool chooses where a picker is).
+    gateway_picker_token: str | None = field(default=None, repr=False)
+    gateway_picker_ca_file: str | None = None
     engine_targets: tuple[str, ...] = ()
     engine_discovery: bool = True
     engine_timeout_seconds: float = 3.0

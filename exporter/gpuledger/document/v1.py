@@ -472,6 +472,57 @@ class SpansDoc:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PoolMemberDoc:
+    """A pod an InferencePool's selector matches: an endpoint per target port."""
+
+    uid: str
+    name: str
+    workload: str
+    node: str | None
+    pod_ip: str | None
+    ready: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class PickerDoc:
+    """What a pool's endpoint picker reported (tests/fixtures/gateway/README.md)."""
+
+    url: str
+    up: bool
+    error_reason: str | None = None
+    names: str | None = None  # llm_d_epp or legacy
+    queued_requests: float | None = None  # None: flow control off
+    queued_bytes: float | None = None
+    ready_endpoints: float | None = None
+    average_queue_size: float | None = None
+    average_kv_cache_utilization: float | None = None
+    saturation: float | None = None
+    endpoint_queues: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolDoc:
+    """An InferencePool (cluster view): its selector, members and picker."""
+
+    namespace: str
+    name: str
+    uid: str
+    selector: Mapping[str, str] = field(default_factory=dict)
+    target_ports: tuple[int, ...] = ()
+    picker_service: str | None = None
+    failure_mode: str | None = None
+    accepted: str | None = None
+    members_error: str | None = None
+    members: tuple[PoolMemberDoc, ...] = ()
+    picker: PickerDoc | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayDoc:
+    pools: tuple[PoolDoc, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class LedgerDocument:
     """/ledger.json. Only `schema` and `node` are required of a document read: a missing
     list is an empty one (an agent that has nothing of that kind)."""
@@ -496,3 +547,4 @@ class LedgerDocument:
     serve: ServeDoc = field(default_factory=ServeDoc)
     discrepancies: tuple[DiscrepancyDoc, ...] = ()
     spans: SpansDoc = field(default_factory=SpansDoc)
+    gateway: GatewayDoc = field(default_factory=GatewayDoc)
