@@ -110,6 +110,12 @@ local stages = import 'lib/stages.json';
     // A Ray Serve router holds requests for a deployment while no engine of the workload
     // queues (stage routing, reason serve_router_queue).
     serveRouterQueueingFor: '10m',
+    // The endpoint picker of a workload's InferencePool holds requests while an engine
+    // of the workload has headroom (stage routing, reason gateway_queue).
+    gatewayQueueingFor: '5m',
+    // An InferencePool whose selector matches no Ready pod: the gateway has nowhere to
+    // send its requests.
+    inferencePoolNoReadyEndpointsFor: '5m',
     // Engine up, its processes hold a GPU count other than tensor x pipeline parallel.
     engineParallelismMismatchFor: '15m',
     // GPU allocated to a container that no process of it uses (after startup).

@@ -4,8 +4,9 @@
 //   placement  Kubernetes or Ray cannot place the workload's GPU work
 //   startup    placed, but the engine does not serve yet
 //   engine     engines up and queueing: KV cache or max_num_seqs bound
-//   routing    some engines queue while siblings have headroom, or a Ray Serve router holds
-//              requests while no engine queues
+//   routing    some engines queue while siblings have headroom, or a gateway's endpoint
+//              picker or a Ray Serve router holds requests while no engine queues, or an
+//              InferencePool has no ready endpoint
 //   ledger     allocation and physical use of GPUs disagree
 //   exporter   gpuledger itself is blind
 //
@@ -316,6 +317,38 @@
               summary: 'Requests wait in a Ray Serve router while no engine of the workload queues.',
               description: '{{ $value }} request(s) for Ray Serve deployment {{ $labels.application }}/{{ $labels.deployment }} of workload ' + workloadText + ' have been waiting at its router for %s, not assigned to a replica, while no engine of the workload queues: the replicas are at max_ongoing_requests or the router cannot reach them.' % c.serveRouterQueueingFor
                            + nextStep('GpuLedgerServeRouterQueueing'),
+            },
+          },
+          {
+            alert: 'GpuLedgerGatewayQueueing',
+            expr: |||
+              namespace_workload:gpuledger_gateway_queued_requests:sum >= %(min)g
+              and on (%(wkey)s)
+              (namespace_workload_stage_reason:gpuledger_stage_reason_code:group{stage="routing", reason="gateway_queue"} == 1)
+            ||| % { wkey: wkey, min: c.queueingMinWaitingRequests },
+            'for': c.gatewayQueueingFor,
+            labels: { severity: 'warning', layer: stageOf('routing').layer },
+            annotations: {
+              summary: "A gateway's endpoint picker holds requests while engines of the workload have headroom.",
+              description: '{{ $value }} request(s) for workload ' + workloadText + ' have been held by the endpoint picker of its InferencePool(s) for %s while no engine of the workload queues and ' % c.gatewayQueueingFor
+                           + '{{ with printf `namespace_workload:gpuledger_engine_headroom:sum{' + cl + '=%q,namespace=%q,workload=%q}` $labels.' + cl + ' $labels.namespace $labels.workload | query }}{{ . | first | value }}{{ else }}some{{ end }}'
+                           + ' engine(s) have headroom: the requests wait in the gateway.'
+                           + nextStep('GpuLedgerGatewayQueueing'),
+            },
+          },
+          {
+            // A pool, not a workload: a selector that matches nothing names no workload.
+            alert: 'GpuLedgerInferencePoolNoReadyEndpoints',
+            expr: |||
+              max by (%(cl)s, namespace, pool) (gpuledger_inference_pool_info{%(sel)s})
+              unless on (%(cl)s, namespace, pool)
+              (gpuledger_inference_pool_member{%(sel)s} == 1)
+            ||| % { cl: cl, sel: sel },
+            'for': c.inferencePoolNoReadyEndpointsFor,
+            labels: { severity: 'critical', layer: 'routing' },
+            annotations: {
+              summary: 'An InferencePool has no ready endpoint: the gateway cannot send its requests anywhere.',
+              description: 'InferencePool {{ $labels.namespace }}/{{ $labels.pool }} has had no Ready pod among those its selector matches for %s: requests routed to it fail, or (failureMode FailOpen) bypass the picker. Check the selector against the model-server pods (kubectl -n {{ $labels.namespace }} get inferencepool {{ $labels.pool }} -o yaml) and their readiness.' % c.inferencePoolNoReadyEndpointsFor,
             },
           },
         ],

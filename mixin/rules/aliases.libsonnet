@@ -43,6 +43,7 @@ local renamed = [
 local added = [
   'namespace_workload_application_deployment:gpuledger_serve_router_queued_requests:sum',
   'node_namespace_workload_pod_target_engine:gpuledger_ray_worker_gpus:count',
+  'namespace_workload:gpuledger_gateway_queued_requests:sum',
 ];
 
 {

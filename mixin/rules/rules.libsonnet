@@ -43,6 +43,8 @@
     // Ray Serve deployments with a router or a replica on a node (outside Kubernetes the
     // exporter names them by --ray-workload).
     'gpuledger_serve_deployment_info{%s, workload!=""}' % sel,
+    // Pods an InferencePool selects (the cluster view's): the gateway routes to them.
+    'gpuledger_inference_pool_member{%s, workload!=""}' % sel,
   ],
   // Cluster-mode Ray series that may not know the namespace of their RayCluster.
   local namespacelessWorkloadSeries = [
@@ -91,6 +93,14 @@
     then '%s\nand on (%s)\n%s' % [rayPending(key, ns), key, rayInfeasible(key, ns)]
     else '%s\nunless on (%s)\n%s' % [rayPending(key, ns), key, rayInfeasible(key, ns)],
 
+  // At least queueingMinWaitingRequests held by the workload's pools' pickers while no
+  // engine of the workload queues (explain/verdict.py's _gateway_holds).
+  local gatewayHolds = std.rstripChars(|||
+    (namespace_workload:gpuledger_gateway_queued_requests:sum >= %(min)g)
+    unless on (%(wkey)s)
+    (namespace_workload:gpuledger_engine_queueing:sum > 0)
+  ||| % { wkey: wkey, min: c.queueingMinWaitingRequests }, '\n'),
+
   // Each stage's conditions: [reason, condition, the labels it joins the workload on].
   // These are the conditions gpuledger/explain/verdict.py checks on the ledger.
   local conditions = {
@@ -105,6 +115,19 @@
       ['engine_not_up', 'namespace_workload:gpuledger_engine_up:sum < namespace_workload:gpuledger_engine_up:count', wkey],
     ],
     routing: [
+      // The workload's pools' endpoint pickers hold requests while no engine of it
+      // queues: with an engine that has headroom (the gateway holds them back), or with
+      // every engine that is up full (flow control keeps the overflow at the gateway).
+      ['gateway_queue', |||
+        %(gatewayHolds)s
+        and on (%(wkey)s)
+        (namespace_workload:gpuledger_engine_headroom:sum > 0)
+      ||| % { wkey: wkey, gatewayHolds: gatewayHolds }, wkey],
+      ['gateway_saturated', |||
+        %(gatewayHolds)s
+        and on (%(wkey)s)
+        (namespace_workload:gpuledger_engine_headroom:sum == 0)
+      ||| % { wkey: wkey, gatewayHolds: gatewayHolds }, wkey],
       // Requests held by a Ray Serve router while no engine of the workload queues.
       ['serve_router_queue', |||
         max by (%(wkey)s) (namespace_workload_application_deployment:gpuledger_serve_router_queued_requests:sum >= %(min)g)
@@ -342,6 +365,19 @@
             expr: |||
               sum by (%(wkey)s, application, deployment) (gpuledger_serve_router_queued_requests{%(sel)s})
             ||| % { wkey: wkey, sel: sel },
+          },
+          // Requests the endpoint pickers of the workload's InferencePools hold (flow
+          // control), summed over its pools: a pool counts for every workload with a
+          // member pod in it (gpuledger_inference_pool_member, the cluster view's).
+          {
+            record: 'namespace_workload:gpuledger_gateway_queued_requests:sum',
+            expr: |||
+              sum by (%(wkey)s) (
+                max by (%(cl)s, namespace, pool) (gpuledger_gateway_queued_requests{%(sel)s})
+                * on (%(cl)s, namespace, pool) group_right ()
+                group by (%(cl)s, namespace, pool, workload) (gpuledger_inference_pool_member{%(sel)s, workload!=""})
+              )
+            ||| % { wkey: wkey, cl: cl, sel: sel },
           },
           // Engines that queue while a sibling engine of the same workload has headroom;
           // 0 when the workload's engines are balanced (all queue, or none does).

@@ -185,4 +185,21 @@ local clusterExporter = t.clusterTarget { node: 'control-1' };
       ]
       for r in replicas
     ]),
+
+  // An InferencePool as the cluster view exposes it: its members as [pod, workload, ready]
+  // (pod_uid uid-<pod>, as engine() gives its pod), and its endpoint picker's reading
+  // (queued=null: flow control off; pickerUp=0: the picker not read).
+  inferencePool(pool, members=[], namespace='ml', queued=null, ready=null, saturation=null, pickerUp=1)::
+    local key = clusterExporter { namespace: namespace, pool: pool };
+    [
+      t.gauge('gpuledger_inference_pool_info', key { pool_uid: 'uid-' + pool, picker_service: pool + '-epp', failure_mode: 'FailClose' }, 1),
+      t.gauge('gpuledger_gateway_picker_up', key, pickerUp),
+    ]
+    + [
+      t.gauge('gpuledger_inference_pool_member', key { pod: m[0], pod_uid: 'uid-' + m[0], workload: m[1] }, if m[2] then 1 else 0)
+      for m in members
+    ]
+    + (if pickerUp == 1 && queued != null then [t.gauge('gpuledger_gateway_queued_requests', key, queued)] else [])
+    + (if pickerUp == 1 && ready != null then [t.gauge('gpuledger_gateway_picker_ready_endpoints', key, ready)] else [])
+    + (if pickerUp == 1 && saturation != null then [t.gauge('gpuledger_gateway_pool_saturation', key, saturation)] else []),
 }

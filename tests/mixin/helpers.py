@@ -58,6 +58,13 @@ CONTRACT_METRICS = frozenset(
         # Ray Serve
         "gpuledger_serve_deployment_info",
         "gpuledger_serve_router_queued_requests",
+        # The gateway (cluster view): InferencePools and their endpoint pickers
+        "gpuledger_inference_pool_info",
+        "gpuledger_inference_pool_member",
+        "gpuledger_gateway_picker_up",
+        "gpuledger_gateway_queued_requests",
+        "gpuledger_gateway_picker_ready_endpoints",
+        "gpuledger_gateway_pool_saturation",
         "gpuledger_serve_router_requests_at_replicas",
         "gpuledger_serve_replica_info",
         "gpuledger_serve_replica_ongoing_requests",

@@ -12,8 +12,17 @@ from gpuledger.export import families as F
 from gpuledger.export.collector import dropped_series
 from gpuledger.export.published import Published
 from gpuledger.ledger import EngineGpu, Ledger, Overflow
+from gpuledger.ledger.gateway import build_pools, pool_members
 from gpuledger.model.dra import NodeDevices
 from gpuledger.model.engines import EngineMetrics
+from gpuledger.model.gateway import (
+    InferencePool,
+    PickerReading,
+    PickerRef,
+    PickersSnapshot,
+    PoolMember,
+    PoolsSnapshot,
+)
 from tests.unit.ledger_inputs import (
     allocations,
     claim_allocations,
@@ -104,7 +113,34 @@ def rich_ledgers() -> list[Ledger]:
     waiting = replace(pod(2), node_name=None, pending_since=1.0)
     # The cluster view's count of a node's GPU devices in its ResourceSlices.
     slices = (NodeDevices("gpu-node-9", "gpu.nvidia.com", 8),)
-    pending = replace(ledger("cluster", pods=pods([waiting])), dra_nodes=slices)
+    # An InferencePool with a Ready member and a picker that reports every series.
+    member = PoolMember("uid-m", "vllm-a-x", "vllm-a", "gpu-node-1", "10.0.0.11", True)
+    pool = InferencePool(
+        "llm",
+        "pool-a",
+        "uid-p",
+        {"app": "vllm-a"},
+        (8000,),
+        PickerRef("pool-a-epp", 9002, "FailOpen"),
+        "http://10.96.0.50:9090/metrics",
+        (member,),
+    )
+    picker = PickerReading(
+        "llm",
+        "pool-a",
+        "http://10.96.0.50:9090/metrics",
+        True,
+        queued_requests=30.0,
+        ready_endpoints=1.0,
+        saturation=0.2,
+    )
+    pools = build_pools(PoolsSnapshot((pool,)), PickersSnapshot((picker,)))
+    pending = replace(
+        ledger("cluster", pods=pods([waiting])),
+        dra_nodes=slices,
+        pools=pools,
+        pool_members=pool_members(pools),
+    )
     return [containers, replace(ray, engines=(engine,)), serve, pending]
 
 

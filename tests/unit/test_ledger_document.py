@@ -59,7 +59,8 @@ def test_a_document_older_than_source_state_reads_a_disabled_source_as_not_confi
 
 def test_the_codec_keeps_the_bytes_of_ledger_json() -> None:
     """What the untyped code served, read and written again, is byte for byte the same
-    (the fields added since aside: the engines' three, Ray's engine links, the spans)."""
+    (the fields added since aside: the engines' three, Ray's engine links, the spans,
+    the gateway)."""
     path = FIXTURES / "v1-3566608.json"
     again = to_json(from_json(stored(path)))
     for engine in again["engines"]:
@@ -67,6 +68,7 @@ def test_the_codec_keeps_the_bytes_of_ledger_json() -> None:
         assert engine.pop("gpu_link") is None
     assert again["ray"].pop("engine_links") == []
     assert again.pop("spans")["receiving"] is False
+    assert again.pop("gateway") == {"pools": []}
     assert json.dumps(again, indent=1) + "\n" == path.read_text()
 
 

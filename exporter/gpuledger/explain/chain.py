@@ -33,6 +33,7 @@ from gpuledger.document.v1 import (
     MigDeviceDoc,
     PendingDoc,
     PodDoc,
+    PoolDoc,
     ProcessDoc,
     RayActorDoc,
     RayClusterDoc,
@@ -178,6 +179,8 @@ class Workload:
     ray_actors: list[RayActorDoc] = field(default_factory=list)
     # Ray Serve deployment rows of every node (a node has the routers and replicas it runs).
     serve: list[OnNode] = field(default_factory=list)  # ServeDeploymentDoc rows
+    # InferencePools with a member pod of the workload (the cluster view's document).
+    pools: list[PoolDoc] = field(default_factory=list)
 
     def engine_docs(self) -> list[EngineDoc]:
         return [e.row for e in self.engines]
@@ -187,7 +190,9 @@ class Workload:
 
     def verdict(self, t: Thresholds) -> Verdict:
         pods = list(self.pods.values())
-        return workload_verdict(self.pending, pods, self.engine_docs(), t, self.serve_docs())
+        return workload_verdict(
+            self.pending, pods, self.engine_docs(), t, self.serve_docs(), pools=self.pools
+        )
 
 
 def device_name(gpu: GpuShown) -> str:
@@ -263,6 +268,9 @@ class Fleet:
         for dep in doc.serve.deployments:
             if dep.workload:
                 self._workload(dep.namespace, dep.workload).serve.append(OnNode(doc.node, dep))
+        for pool in doc.gateway.pools:
+            for name in sorted({m.workload for m in pool.members if m.workload}):
+                self._workload(pool.namespace, name).pools.append(pool)
 
     def _ray_cluster(self, cluster: RayClusterDoc) -> None:
         """The Ray cluster's workload, with the Ray work Ray cannot place as its pending

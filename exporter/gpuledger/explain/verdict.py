@@ -23,6 +23,7 @@ from gpuledger.document.v1 import (
     PendingDoc,
     PlacementGroupsDoc,
     PodDoc,
+    PoolDoc,
     ServeDeploymentDoc,
 )
 from gpuledger.engines import BY_NAME
@@ -297,6 +298,7 @@ class _Facts:
     engines: Sequence[EngineDoc]
     t: Thresholds
     serve: Sequence[ServeDeploymentDoc] = ()
+    pools: Sequence[PoolDoc] = ()
     up: list[EngineDoc] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -335,6 +337,67 @@ def _starting(f: _Facts) -> Verdict | None:
     return Verdict("starting", strongest("starting", reasons), tuple(evidence))
 
 
+def gateway_queued(pool: PoolDoc) -> float | None:
+    """Requests the pool's endpoint picker holds (gpuledger_gateway_queued_requests):
+    None while the picker is down or its flow control is off."""
+    picker = pool.picker
+    if picker is None or not picker.up or picker.queued_requests is None:
+        return None
+    return float(picker.queued_requests)
+
+
+def _pool_evidence(pool: PoolDoc) -> str:
+    """`pool llm/pool-a: its endpoint picker (Service pool-a-epp) holds 30 request(s),
+    saturation 0.2; 3 of 3 members Ready, 3 endpoints the picker counts ready`."""
+    picker = pool.picker
+    assert picker is not None
+    ready = sum(1 for m in pool.members if m.ready)
+    service = f" (Service {pool.picker_service})" if pool.picker_service else ""
+    text = f"pool {pool.namespace}/{pool.name}: its endpoint picker{service} holds "
+    text += f"{_count(picker.queued_requests)} request(s)"
+    if picker.saturation is not None:
+        text += f", saturation {picker.saturation:g}"
+    text += f"; {ready} of {len(pool.members)} members Ready"
+    if picker.ready_endpoints is not None:
+        text += f", {_count(picker.ready_endpoints)} endpoint(s) the picker counts ready"
+    return text
+
+
+def _gateway_holds(f: _Facts) -> tuple[str, ...]:
+    """The workload's pools whose pickers hold requests, while at least
+    queueingMinWaitingRequests are held over all of them and none of its engines queues
+    (namespace_workload:gpuledger_gateway_queued_requests:sum)."""
+    if any(queueing(e, f.t) for e in f.up):
+        return ()
+    held = [(p, q) for p in f.pools if (q := gateway_queued(p)) is not None]
+    if sum(q for _, q in held) < f.t.queueing_min_waiting:
+        return ()
+    return tuple(_pool_evidence(p) for p, q in held if q > 0)
+
+
+def _gateway_queue(f: _Facts) -> tuple[str, ...]:
+    """gateway_queue: the pool's picker holds requests while an engine has headroom: they
+    wait in the gateway, not for the engines."""
+    held = _gateway_holds(f)
+    roomy = [e for e in f.up if has_headroom(e, f.t)]
+    if not held or not roomy:
+        return ()
+    return (*held, f"no engine of the workload queues; {len(roomy)} engine(s) have headroom")
+
+
+def _gateway_saturated(f: _Facts) -> tuple[str, ...]:
+    """gateway_saturated: the picker holds requests and every engine that is up is full
+    (none has headroom), yet none queues: flow control keeps the queue at the gateway."""
+    held = _gateway_holds(f)
+    if not held or not f.up or any(has_headroom(e, f.t) for e in f.up):
+        return ()
+    return (
+        *held,
+        f"no engine of the workload queues and none of its {len(f.up)} has headroom "
+        "(at max_num_seqs or KV cache above the headroom ratio)",
+    )
+
+
 def _router_queue(f: _Facts) -> tuple[str, ...]:
     """serve_router_queue: a Serve router holds at least queueingMinWaitingRequests requests
     for a deployment of the workload while none of its engines queues: they wait in the
@@ -361,6 +424,8 @@ def _imbalance(f: _Facts) -> tuple[str, ...]:
 # The conditions of the routing stage's reasons (their order is in stages.json), each
 # giving its evidence, or nothing where it does not hold.
 ROUTING_REASONS: dict[str, Callable[[_Facts], tuple[str, ...]]] = {
+    "gateway_queue": _gateway_queue,
+    "gateway_saturated": _gateway_saturated,
     "serve_router_queue": _router_queue,
     "imbalance": _imbalance,
 }
@@ -421,9 +486,12 @@ def workload_verdict(
     engines: Sequence[EngineDoc],
     t: Thresholds | None = None,
     serve: Sequence[ServeDeploymentDoc] = (),
+    *,
+    pools: Sequence[PoolDoc] = (),
 ) -> Verdict:
-    """`serve`: the workload's Ray Serve deployment rows of every node's document."""
-    facts = _Facts(pending, pods, engines, t or Thresholds(), serve)
+    """`serve`: the workload's Ray Serve deployment rows of every node's document;
+    `pools`: the InferencePools with a member pod of the workload (the cluster view's)."""
+    facts = _Facts(pending, pods, engines, t or Thresholds(), serve, pools)
     for stage in STAGES:
         verdict = STAGE_CONDITIONS[stage.stage](facts)
         if verdict is not None:

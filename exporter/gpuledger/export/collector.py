@@ -193,6 +193,40 @@ def dra_node_families(ledger: Ledger) -> Iterator[Metric]:
     yield from ([devices] if devices.samples else [])
 
 
+def gateway_families(ledger: Ledger) -> Iterator[Metric]:
+    """InferencePools, their members, and what each picker reported; nothing where the
+    cluster has no pools (a cluster without the gateway exposes what it did before)."""
+    node = ledger.node
+    info = _gauge(F.INFERENCE_POOL_INFO)
+    picker_up = _gauge(F.GATEWAY_PICKER_UP)
+    queued = _gauge(F.GATEWAY_QUEUED_REQUESTS)
+    ready = _gauge(F.GATEWAY_READY_ENDPOINTS)
+    saturation = _gauge(F.GATEWAY_POOL_SATURATION)
+    for row in ledger.pools:
+        pool, picker = row.pool, row.picker
+        ref = pool.picker
+        key = [node, pool.namespace, pool.name]
+        service, mode = (ref.service, ref.failure_mode) if ref else ("", "")
+        info.add_metric([*key, pool.uid, service, mode], 1)
+        if picker is None:
+            continue
+        picker_up.add_metric(key, 1 if picker.up else 0)
+        for family, value in (
+            (queued, picker.queued_requests),
+            (ready, picker.ready_endpoints),
+            (saturation, picker.saturation),
+        ):
+            if picker.up and value is not None:
+                family.add_metric(key, value)
+    members = _gauge(F.INFERENCE_POOL_MEMBER)
+    for m in ledger.pool_members:
+        pod = m.member
+        members.add_metric(
+            [node, m.namespace, m.pool, pod.name, pod.uid, pod.workload], 1 if pod.ready else 0
+        )
+    yield from (f for f in (info, members, picker_up, queued, ready, saturation) if f.samples)
+
+
 def engine_families(ledger: Ledger) -> Iterator[Metric]:
     node = ledger.node
     up = _gauge(F.ENGINE_UP)
@@ -505,7 +539,7 @@ LEDGER_FAMILIES: Mapping[str, tuple[Callable[[Ledger], Iterator[Metric]], ...]] 
         serve_families,
         request_families,
     ),
-    "cluster": (pending_families, dra_node_families, ray_cluster_families),
+    "cluster": (pending_families, dra_node_families, ray_cluster_families, gateway_families),
 }
 
 

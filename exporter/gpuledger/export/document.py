@@ -24,14 +24,18 @@ from gpuledger.document.v1 import (
     EngineDoc,
     EngineGpuDoc,
     EngineRayDoc,
+    GatewayDoc,
     GpuDoc,
     GpuMemoryDoc,
     LedgerDocument,
     MigDeviceDoc,
     PendingClaimDoc,
     PendingDoc,
+    PickerDoc,
     PlacementGroupsDoc,
     PodDoc,
+    PoolDoc,
+    PoolMemberDoc,
     ProcessDoc,
     RayActorDoc,
     RayClusterDoc,
@@ -55,6 +59,7 @@ from gpuledger.ledger.ray import RayWorker
 from gpuledger.ledger.rayengines import EngineRay
 from gpuledger.ledger.serve import ServeReplicaView
 from gpuledger.model.dra import ClaimInfo
+from gpuledger.model.gateway import PickerReading
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.nvml import Gpu, MigDevice
 from gpuledger.model.podresources import ClaimDevice
@@ -421,6 +426,56 @@ def _pending(ledger: Ledger) -> tuple[PendingDoc, ...]:
     )
 
 
+def _picker(reading: PickerReading | None) -> PickerDoc | None:
+    if reading is None:
+        return None
+    return PickerDoc(
+        url=reading.url,
+        up=reading.up,
+        error_reason=reading.error_reason,
+        names=reading.names,
+        queued_requests=reading.queued_requests,
+        queued_bytes=reading.queued_bytes,
+        ready_endpoints=reading.ready_endpoints,
+        average_queue_size=reading.average_queue_size,
+        average_kv_cache_utilization=reading.average_kv_cache_utilization,
+        saturation=reading.saturation,
+        endpoint_queues=dict(reading.endpoint_queues),
+    )
+
+
+def _gateway(ledger: Ledger) -> GatewayDoc:
+    """Cluster mode: every InferencePool with its members and its picker's reading."""
+    return GatewayDoc(
+        pools=tuple(
+            PoolDoc(
+                namespace=p.pool.namespace,
+                name=p.pool.name,
+                uid=p.pool.uid,
+                selector=dict(p.pool.selector),
+                target_ports=p.pool.target_ports,
+                picker_service=p.pool.picker.service if p.pool.picker else None,
+                failure_mode=p.pool.picker.failure_mode if p.pool.picker else None,
+                accepted=p.pool.accepted,
+                members_error=p.pool.members_error,
+                members=tuple(
+                    PoolMemberDoc(
+                        uid=m.uid,
+                        name=m.name,
+                        workload=m.workload,
+                        node=m.node_name,
+                        pod_ip=m.pod_ip,
+                        ready=m.ready,
+                    )
+                    for m in sorted(p.pool.members, key=lambda m: (m.name, m.uid))
+                ),
+                picker=_picker(p.picker),
+            )
+            for p in ledger.pools
+        )
+    )
+
+
 def ledger_document(published: Published) -> LedgerDocument:
     ledger = published.ledger
     return LedgerDocument(
@@ -447,6 +502,7 @@ def ledger_document(published: Published) -> LedgerDocument:
             if d.active
         ),
         spans=spans_doc(ledger),
+        gateway=_gateway(ledger),
     )
 
 

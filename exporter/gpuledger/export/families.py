@@ -37,7 +37,17 @@ CLUSTER: Final[Mode] = "cluster"
 
 # docs/metrics.md's sections, each with its table of families.
 Section = Literal[
-    "gpus", "mig", "containers", "kubernetes", "pending", "dra", "engines", "ray", "serve", "self"
+    "gpus",
+    "mig",
+    "containers",
+    "kubernetes",
+    "pending",
+    "dra",
+    "engines",
+    "ray",
+    "serve",
+    "gateway",
+    "self",
 ]
 GPUS: Final[Section] = "gpus"
 MIG: Final[Section] = "mig"
@@ -48,6 +58,7 @@ DRA: Final[Section] = "dra"
 ENGINES: Final[Section] = "engines"
 RAY: Final[Section] = "ray"
 SERVE: Final[Section] = "serve"
+GATEWAY: Final[Section] = "gateway"
 SELF: Final[Section] = "self"
 
 # A family's labels start with these; docs/metrics.md names the prefix once.
@@ -503,6 +514,117 @@ DRA_NODE_GPU_DEVICES: Final = declare(
         "GPUs only DRA publishes (no `nvidia.com/gpu` capacity) as a GPU node. Nodes "
         "without such devices have no series; all are absent while the slices cannot be "
         "listed (the `dra` source's errors count it, `/ledger.json`'s unknowns say so)."
+    ),
+)
+
+INFERENCE_POOL_INFO: Final = declare(
+    "gpuledger_inference_pool_info",
+    INFO,
+    GATEWAY,
+    help="1 per InferencePool (Gateway API Inference Extension): its endpoint picker.",
+    labels=("namespace", "pool", "pool_uid", "picker_service", "failure_mode"),
+    stability=EXPERIMENTAL,
+    rows="pools",
+    cap="MAX_POOLS",
+    budget=(Budget(CLUSTER, "1,000", "`MAX_POOLS`", 1000),),
+    meaning=(
+        "One series per `inference.networking.k8s.io/v1` InferencePool the cluster view "
+        "lists. `picker_service`: the Service its `endpointPickerRef` names (empty: none); "
+        "`failure_mode`: `FailOpen` or `FailClose`, what the gateway does when the picker "
+        "does not answer. A pool with this series and no `gpuledger_inference_pool_member` "
+        "of value 1 has no ready endpoint: `GpuLedgerInferencePoolNoReadyEndpoints`."
+    ),
+)
+
+INFERENCE_POOL_MEMBER: Final = declare(
+    "gpuledger_inference_pool_member",
+    GAUGE,
+    GATEWAY,
+    help="1 for a Ready pod an InferencePool's selector matches, 0 for one not Ready.",
+    labels=("namespace", "pool", "pod", "pod_uid", "workload"),
+    stability=EXPERIMENTAL,
+    rows="pool_members",
+    cap="MAX_POOL_MEMBERS",
+    budget=(Budget(CLUSTER, "10,000", "`MAX_POOL_MEMBERS` (pool, pod)", 10000),),
+    meaning=(
+        "The model-server pods of the pool (`spec.selector.matchLabels`, the pool's "
+        "namespace; terminating pods left out), each an endpoint per target port. Joined "
+        "to the node agents' engine series on `pod_uid`: the engines of a pool, and the "
+        "pool of an engine. 1 while the pod is Ready (the picker may send to it)."
+    ),
+)
+
+GATEWAY_PICKER_UP: Final = declare(
+    "gpuledger_gateway_picker_up",
+    GAUGE,
+    GATEWAY,
+    help="1 if the last read of this pool's endpoint picker metrics succeeded.",
+    labels=("namespace", "pool"),
+    stability=EXPERIMENTAL,
+    rows="pools",
+    cap="MAX_POOLS",
+    budget=(Budget(CLUSTER, "1,000", "`MAX_POOLS`", 1000),),
+    meaning=(
+        "Per pool with an endpoint picker: whether its `/metrics` (the picker Service's "
+        "`http-metrics` port, or `--gateway-picker-url`) answered within the deadline and "
+        "caps. A picker that fails costs only its own series: the reason is counted in "
+        '`gpuledger_source_errors_total{source="picker"}`.'
+    ),
+)
+
+GATEWAY_QUEUED_REQUESTS: Final = declare(
+    "gpuledger_gateway_queued_requests",
+    GAUGE,
+    GATEWAY,
+    help="Requests the pool's endpoint picker holds in its flow-control queue.",
+    labels=("namespace", "pool"),
+    stability=EXPERIMENTAL,
+    rows="pools",
+    cap="MAX_POOLS",
+    budget=(Budget(CLUSTER, "1,000", "`MAX_POOLS`", 1000),),
+    meaning=(
+        "The picker's `llm_d_epp_flow_control_queue_size` (or "
+        "`inference_extension_flow_control_queue_size`) summed over fairness ids, "
+        "priorities and models: requests that reached the gateway and were sent to no "
+        "engine yet. Absent while the picker is down or its flow control is off (the "
+        "`flowControl` feature gate, off by default upstream: requests then wait nowhere "
+        "in the picker). Held while an engine of the workload has headroom is stage "
+        "`routing`, reason `gateway_queue`."
+    ),
+)
+
+GATEWAY_READY_ENDPOINTS: Final = declare(
+    "gpuledger_gateway_picker_ready_endpoints",
+    GAUGE,
+    GATEWAY,
+    help="Endpoints the pool's picker counts ready (metrics fresh enough to pick them).",
+    labels=("namespace", "pool"),
+    stability=EXPERIMENTAL,
+    rows="pools",
+    cap="MAX_POOLS",
+    budget=(Budget(CLUSTER, "1,000", "`MAX_POOLS`", 1000),),
+    meaning=(
+        "The picker's own count (`llm_d_epp_ready_endpoints`, `inference_pool_ready_pods`"
+        "): endpoints whose metrics it read recently. Fewer than the Ready members "
+        "(`gpuledger_inference_pool_member`) means the picker cannot read some engines' "
+        "metrics and will not send to them."
+    ),
+)
+
+GATEWAY_POOL_SATURATION: Final = declare(
+    "gpuledger_gateway_pool_saturation",
+    GAUGE,
+    GATEWAY,
+    help="How full the pool's picker judges the pool (flow control's saturation, 1 = full).",
+    labels=("namespace", "pool"),
+    stability=EXPERIMENTAL,
+    rows="pools",
+    cap="MAX_POOLS",
+    budget=(Budget(CLUSTER, "1,000", "`MAX_POOLS`", 1000),),
+    meaning=(
+        "`llm_d_epp_flow_control_pool_saturation` (`inference_extension_flow_control_pool_"
+        "saturation`): at 1 and above the picker holds new requests. Absent where flow "
+        "control is off."
     ),
 )
 

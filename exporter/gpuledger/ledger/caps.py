@@ -39,6 +39,10 @@ MAX_PENDING_PODS: Final = 10_000
 # Cluster mode: (node, DRA driver) rows of GPU devices in ResourceSlices; Kubernetes
 # supports 5,000 nodes.
 MAX_DRA_NODES: Final = 5_000
+# Cluster mode: InferencePools (each with up to its source's member cap of pods).
+MAX_POOLS: Final = 1_000
+# Cluster mode: (pool, pod) member rows over every pool.
+MAX_POOL_MEMBERS: Final = 10_000
 
 
 def split(rows: Sequence[T], limit: int) -> tuple[tuple[T, ...], tuple[T, ...]]:

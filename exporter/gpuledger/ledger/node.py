@@ -24,6 +24,7 @@ from gpuledger.ledger.engines import (
     known_kinds,
     known_workloads,
 )
+from gpuledger.ledger.gateway import Pool, PoolMemberRow, build_pools, pool_members
 from gpuledger.ledger.ray import RayCluster, RayLocal, build_ray_cluster, build_ray_local
 from gpuledger.ledger.rayengines import link_ray_engines, ray_job_unknowns
 from gpuledger.ledger.serve import ServeLocal, build_serve
@@ -32,6 +33,7 @@ from gpuledger.ledger.topology import Topology, ray_engine_links, with_links
 from gpuledger.model import Snapshots, SourceStatus
 from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot, NodeDevices
 from gpuledger.model.engines import ENGINES, EnginesSnapshot
+from gpuledger.model.gateway import INFERENCE_POOLS, PICKERS
 from gpuledger.model.kubernetes import PODS, PodInfo, PodsSnapshot
 from gpuledger.model.nvml import NVML, Gpu, GpuProcess
 from gpuledger.model.podresources import (
@@ -180,6 +182,10 @@ class Overflow:
     engines: tuple[Engine, ...] = ()
     pending: tuple[PodInfo, ...] = field(default=(), metadata=_cut(caps.MAX_PENDING_PODS))
     dra_nodes: tuple[NodeDevices, ...] = field(default=(), metadata=_cut(caps.MAX_DRA_NODES))
+    pools: tuple[Pool, ...] = field(default=(), metadata=_cut(caps.MAX_POOLS))
+    pool_members: tuple[PoolMemberRow, ...] = field(
+        default=(), metadata=_cut(caps.MAX_POOL_MEMBERS)
+    )
     # Ray nodes past the cap with their rows, and the actor rows folded into OTHER_CLASS.
     ray: RayLocal | None = None
     # Serve deployment rows and replicas past their caps.
@@ -237,6 +243,9 @@ class Ledger:
     # request against the engine as it was.
     requests: RequestLedger | None = None
     engine_history: tuple[EngineHistory, ...] = ()
+    # Cluster mode: InferencePools, their member pods and their pickers' readings.
+    pools: tuple[Pool, ...] = ()
+    pool_members: tuple[PoolMemberRow, ...] = ()
 
 
 class _Pods:
@@ -594,6 +603,7 @@ def build_ledger(
         node_mode=node_mode,
         node=node,
     )
+    pools = () if node_mode else build_pools(snapshots.get(INFERENCE_POOLS), snapshots.get(PICKERS))
     ledger = Ledger(
         node=node,
         mode=mode,
@@ -628,6 +638,8 @@ def build_ledger(
         serve=layers.serve,
         claims=_pending_claims(pending, dra),
         dra_nodes=dra.nodes if dra is not None and not node_mode else (),
+        pools=pools,
+        pool_members=pool_members(pools),
         requests=build_requests(snapshots.get(SPANS), layers.engines, process_table, pods),
         # Kept only while spans are received: nothing else reads it.
         engine_history=engine_history(
@@ -932,6 +944,8 @@ _MISSING = {
     ),
     "serve": "no Ray Serve: deployments, router queues and replica requests unknown",
     "dra": "no ResourceSlices/ResourceClaims: DRA GPUs unknown",
+    "inferencepools": "no InferencePools: which engines form a pool, and its picker, unknown",
+    "picker": "no endpoint pickers read: the gateway's queue unknown",
 }
 
 
