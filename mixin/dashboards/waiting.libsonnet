@@ -229,6 +229,38 @@ local g = import '../lib/dashboards.libsonnet';
           ],
         },
         {
+          // InferencePools (the cluster view's) beside the engines of their member pods
+          // (the node agents'), joined on pod_uid.
+          title: 'Routing: gateway (InferencePools)',
+          height: 8,
+          panels: [
+            g.timeseries(
+              'Gateway: held by the picker vs waiting in its engines',
+              "Requests each InferencePool's endpoint picker holds in its flow-control queue (gpuledger_gateway_queued_requests), and the requests waiting in the engines of the pool's member pods. Held by the picker while the engines have headroom: stage routing, reason gateway_queue (GpuLedgerGatewayQueueing). Waiting in the engines while the picker passes through: engine queueing.",
+              'short',
+              [
+                g.target('sum by (namespace, pool) (gpuledger_gateway_queued_requests%s)' % g.selector(c, ['namespace=~"$namespace"']), 'picker {{namespace}}/{{pool}}'),
+                g.target('sum by (namespace, pool) (sum by (%(cl)s, namespace, pod_uid) (gpuledger_engine_requests%(waiting)s) * on (%(cl)s, namespace, pod_uid) group_left (pool) group by (%(cl)s, namespace, pod_uid, pool) (gpuledger_inference_pool_member%(members)s))' % { cl: c.clusterLabel, waiting: R(['state="waiting"']), members: R() }, 'engines {{namespace}}/{{pool}}'),
+              ],
+            ),
+            g.timeseries(
+              'Gateway: ready endpoints, the picker\'s and Kubernetes\'',
+              "Endpoints the picker counts ready (metrics fresh enough to pick them: gpuledger_gateway_picker_ready_endpoints) against the pool's Ready member pods (gpuledger_inference_pool_member). The picker below Kubernetes: it cannot read some engines' metrics. Both 0: GpuLedgerInferencePoolNoReadyEndpoints.",
+              'short',
+              [
+                g.target('sum by (namespace, pool) (gpuledger_gateway_picker_ready_endpoints%s)' % g.selector(c, ['namespace=~"$namespace"']), 'picker {{namespace}}/{{pool}}'),
+                g.target('sum by (namespace, pool) (gpuledger_inference_pool_member%s)' % g.selector(c, ['namespace=~"$namespace"']), 'Ready pods {{namespace}}/{{pool}}'),
+              ],
+            ),
+            g.timeseries(
+              'Gateway: pool saturation',
+              "How full each pool's picker judges it (flow control's saturation; at 1 and above it holds new requests). Absent where flow control is off.",
+              'percentunit',
+              [g.target('max by (namespace, pool) (gpuledger_gateway_pool_saturation%s)' % g.selector(c, ['namespace=~"$namespace"']), '{{namespace}}/{{pool}}')],
+            ),
+          ],
+        },
+        {
           // An engine on the Ray executor holds GPUs on other nodes' pods: its node agent
           // alone cannot count them; the footprint rule joins every agent's workers.
           title: 'Engines on the Ray executor: footprint across nodes',

@@ -12,6 +12,8 @@ local container(pod, gpu, namespace='ml', workload='chat', name='vllm') =
 f.engine('chat-a', waiting=12, running=8, kv=0.5, maxNumSeqs=8, gpus=['GPU-a'], preemptionsPerMinute=2)
 + f.engine('chat-b', waiting=0, running=1, kv=0.05, maxNumSeqs=8, gpus=['GPU-b'])
 + f.pendingPod('chat-c', 'insufficient_gpu', 1)
+// `chat` is behind an InferencePool whose picker holds requests (flow control on).
++ f.inferencePool('chat-pool', [['chat-a', 'chat', true], ['chat-b', 'chat', true]], queued=5, ready=2, saturation=0.9)
 // `summarize` is loading its model.
 + f.startingPod('summarize-a', workload='summarize')
 + f.engine('summarize-a', workload='summarize', up=0, gpus=[])

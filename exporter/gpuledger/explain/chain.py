@@ -34,6 +34,7 @@ from gpuledger.document.v1 import (
     PendingDoc,
     PodDoc,
     PoolDoc,
+    PoolMemberDoc,
     ProcessDoc,
     RayActorDoc,
     RayClusterDoc,
@@ -464,6 +465,7 @@ def explain_workload(fleet: Fleet, w: Workload, t: Thresholds) -> WorkloadResult
         verdict=decode(VerdictShown, verdict.to_json()),
         discrepancies=tuple(issues),
         host_engines=tuple(e for e in engines if not e.pod_uid),
+        pools=tuple(w.pools),
     )
 
 
@@ -684,6 +686,7 @@ def _workload_lines(w: WorkloadResult) -> list[str]:
             f"{p.reason}  ({p.gpus} GPU(s) requested)"
         )
         lines.extend(_claim_lines(p))
+    lines.extend(gateway_lines(w.pools, w.pods))
     for entry in w.pods:
         lines.extend(_pod_lines(entry))
         note = ordinal_note(entry)
@@ -717,6 +720,64 @@ def runbook_text(url: str) -> str:
 
 def _count(value: float | None) -> str:
     return "?" if value is None else f"{float(value):g}"
+
+
+def _picker_text(pool: PoolDoc) -> str:
+    """`picker Service pool-a-epp (FailOpen): 30 held by flow control, saturation 0.2, 3
+    endpoint(s) ready`, or why it was not read."""
+    where = f"picker Service {pool.picker_service} ({pool.failure_mode or '?'})"
+    picker = pool.picker
+    if pool.picker_service is None:
+        return "no endpoint picker (no endpointPickerRef)"
+    if picker is None:
+        return f"{where}: not read"
+    if not picker.up:
+        return f"{where}: NOT READ at {picker.url} ({picker.error_reason})"
+    held = (
+        "flow control off (holds nothing)"
+        if picker.queued_requests is None
+        else f"{_count(picker.queued_requests)} held by flow control"
+    )
+    extra = f", saturation {picker.saturation:g}" if picker.saturation is not None else ""
+    ready = _count(picker.ready_endpoints)
+    return f"{where}: {held}{extra}, {ready} endpoint(s) ready"
+
+
+def _endpoint_line(pool: PoolDoc, member: PoolMemberDoc, pods: Sequence[PodEntry]) -> str:
+    """`endpoint 10.0.0.11:8000  pod llm/vllm-a-x  Ready  picker sees 1 queued  -> engine
+    vllm llama DP 0 on node-1: 0 waiting, 4 running`."""
+    ports = ",".join(str(p) for p in pool.target_ports) or "?"
+    state = "Ready" if member.ready else "NOT READY"
+    pod = f"{pool.namespace}/{member.name}"
+    line = f"    endpoint {member.pod_ip or '?'}:{ports}  pod {pod}  {state}"
+    queues = [
+        q
+        for name, q in (pool.picker.endpoint_queues if pool.picker else {}).items()
+        if name.rsplit("-rank-", 1)[0] == member.name
+    ]
+    if queues:
+        line += f"  picker sees {sum(queues):g} queued"
+    entry = next((e for e in pods if e.pod.uid == member.uid), None)
+    engines = entry.engines if entry is not None else ()
+    if not engines:
+        return line + "  -> no engine read on its node"
+    return line + "".join(
+        f"  -> engine {_kind(e)}{e.model_name or '?'} DP {e.engine or '?'} on {e.node}: "
+        f"{e.requests_waiting or 0:g} waiting, {e.requests_running or 0:g} running"
+        for e in engines
+    )
+
+
+def gateway_lines(pools: Sequence[PoolDoc], pods: Sequence[PodEntry]) -> list[str]:
+    """The request path through the gateway: each pool of the workload, its picker, and
+    its endpoints with the engine behind each (its workers and GPUs follow, under its pod)."""
+    lines = []
+    for pool in pools:
+        lines.append(f"  gateway: InferencePool {pool.namespace}/{pool.name}  {_picker_text(pool)}")
+        if pool.members_error:
+            lines.append(f"    members unknown ({pool.members_error})")
+        lines.extend(_endpoint_line(pool, m, pods) for m in pool.members)
+    return lines
 
 
 def _serve_lines(deployments: Iterable[ServeEntry]) -> list[str]:

@@ -18,6 +18,7 @@ from gpuledger.document.v1 import (
     EngineRayDoc,
     PendingDoc,
     PodDoc,
+    PoolDoc,
     ProcessDoc,
     RayEngineLinkDoc,
     RayWorkerDoc,
@@ -111,6 +112,8 @@ class WorkloadResult:
     # Its engines in no pod (a bare host, docs/design.md identity rule 7): a pod's
     # engines are under the pod.
     host_engines: tuple[EngineEntry, ...] = ()
+    # InferencePools with a member pod of the workload (the cluster view's document).
+    pools: tuple[PoolDoc, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

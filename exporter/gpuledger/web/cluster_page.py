@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from gpuledger.document.v1 import EngineDoc, LedgerDocument, ProcessDoc, SourceDoc
+from gpuledger.document.v1 import EngineDoc, LedgerDocument, PoolDoc, ProcessDoc, SourceDoc
 from gpuledger.explain import agents
 from gpuledger.explain.agents import (
     SERVICE_ACCOUNT_DIR,
@@ -44,6 +44,7 @@ from gpuledger.explain.chain import (
     Fleet,
     Workload,
     explain_workload,
+    gateway_lines,
     source_state,
     verdicts,
 )
@@ -439,6 +440,58 @@ def not_placed_tables(docs: Sequence[LedgerDocument]) -> str:
     )
 
 
+def _pool_row(pool: PoolDoc, engines: Mapping[str, list[EngineDoc]]) -> str:
+    """One InferencePool: its picker's queue beside its engines' queues (the engines of
+    its member pods that the documents read hold, by Pod UID)."""
+    picker = pool.picker
+    if pool.picker_service is None:
+        held = "<span class=muted>no picker</span>"
+    elif picker is None or not picker.up:
+        reason = picker.error_reason if picker is not None else "not read"
+        held = f'<span class="bad">picker not read ({_e(reason)})</span>'
+    elif picker.queued_requests is None:
+        held = "<span class=muted>flow control off</span>"
+    else:
+        sat = "" if picker.saturation is None else f", saturation {picker.saturation:g}"
+        held = f"{picker.queued_requests:g}{_e(sat)}"
+    ready = sum(1 for m in pool.members if m.ready)
+    members = f"{ready} of {len(pool.members)} Ready"
+    if ready == 0:
+        members = f'<span class="bad">{members}: no ready endpoint</span>'
+    mine = [e for m in pool.members for e in engines.get(m.uid, [])]
+    queues = (
+        f"{len(mine)} engine(s): {sum(e.requests_waiting or 0 for e in mine):g} waiting, "
+        f"{sum(e.requests_running or 0 for e in mine):g} running"
+        if mine
+        else "<span class=muted>no engine read</span>"
+    )
+    workloads = sorted({m.workload for m in pool.members if m.workload})
+    links = "<br>".join(_workload_link(pool.namespace, w) for w in workloads)
+    return (
+        f"<tr><td>{_e(pool.namespace)}/{_e(pool.name)}</td>"
+        f"<td>{_e(pool.picker_service or '-')}</td><td>{held}</td>"
+        f"<td>{members}</td><td>{queues}</td><td>{links}</td></tr>"
+    )
+
+
+def gateway_table(docs: Sequence[LedgerDocument]) -> str:
+    """InferencePools (the cluster view's), each with its picker's queue and its engines'."""
+    pools = [p for d in docs for p in d.gateway.pools]
+    if not pools:
+        return ""
+    engines: dict[str, list[EngineDoc]] = {}
+    for d in docs:
+        for e in d.engines:
+            if e.pod_uid:
+                engines.setdefault(e.pod_uid, []).append(e)
+    return "<h2>Gateway: InferencePools</h2>" + _table(
+        "pools",
+        ["pool", "picker", "held by the picker", "members", "engines' queues", "workloads"],
+        [_pool_row(p, engines) for p in pools],
+        "no InferencePools",
+    )
+
+
 def _table(table_id: str, headings: Sequence[str], rows: Sequence[str], empty: str) -> str:
     head = "".join(f"<th>{h}</th>" for h in headings)
     body = "".join(rows) or f"<tr><td colspan={len(headings)} class=muted>{empty}</td></tr>"
@@ -470,6 +523,7 @@ def render_overview(own: LedgerDocument, reading: Reading, ttl: float, now: floa
             _workload_rows(fleet, judged),
             "no GPU workloads",
         )
+        + gateway_table(docs)
         + not_placed_tables(docs)
         + "<h2>Node agents</h2>"
         + _table(
@@ -553,6 +607,15 @@ def _chain_rows(result: WorkloadResult) -> list[str]:
     return rows
 
 
+def _gateway_path(result: WorkloadResult) -> str:
+    """The request path pool -> picker -> endpoint -> engine, as explain prints it."""
+    if not result.pools:
+        return ""
+    lines = gateway_lines(result.pools, result.pods)
+    text = "\n".join(_e(line.strip()) if i == 0 else _e(line) for i, line in enumerate(lines))
+    return f'<h2>Request path through the gateway</h2><pre id="gateway">{text}</pre>'
+
+
 def render_workload(
     own: LedgerDocument, reading: Reading, key: tuple[str, str], ttl: float
 ) -> tuple[int, str]:
@@ -579,6 +642,7 @@ def render_workload(
         + f'<p id="verdict" class=stage>{_e(STAGE_TEXT.get(v.stage, v.stage))}{reason}</p>'
         + f"<ul>{evidence}</ul>"
         + f'<p id="next">Next: {_next_step(v.next_step, v.runbook_url)}</p>'
+        + _gateway_path(result)
         + "<h2>Chain</h2>"
         + _table(
             "chain",

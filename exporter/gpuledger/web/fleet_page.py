@@ -51,6 +51,7 @@ from gpuledger.web.cluster_page import (
     _table,
     _when,
     _workload_link,
+    gateway_table,
     not_placed_tables,
     render_workload,
 )
@@ -275,6 +276,7 @@ def render_fleet(own: LedgerDocument, overview: FleetOverview | str, where: str)
             rows,
             "no workloads in Prometheus" if not isinstance(overview, str) else "not read",
         )
+        + gateway_table(docs)
         + not_placed_tables(docs)
     )
     return _page("gpuledger ledger: the cluster", body, docs)
