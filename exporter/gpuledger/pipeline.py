@@ -29,12 +29,14 @@ from gpuledger.model.serve import SERVE
 from gpuledger.model.spans import GrpcSecurity, SpanSink
 from gpuledger.sources.base import DISABLED, NotConfigured, Source, SourceRunner, Started
 from gpuledger.sources.engines.source import EngineScraper, EngineSource
+from gpuledger.sources.gateway.picker import PickerSource
 from gpuledger.sources.kubernetes.dra import (
     DEFAULT_GPU_DEVICE_CLASSES,
     DEFAULT_GPU_DRIVERS,
     DraSource,
 )
 from gpuledger.sources.kubernetes.pods import PodInformer
+from gpuledger.sources.kubernetes.pools import InferencePoolSource
 from gpuledger.sources.nvml import NvmlSource
 from gpuledger.sources.otlp.receiver import DEFAULT_MAX_BODY_BYTES
 from gpuledger.sources.otlp.source import SpansSource
@@ -163,6 +165,28 @@ def cluster_sources(config: PipelineConfig) -> list[Source[Any]]:
         if config.ray_address
         else NotConfigured(RAY_CLUSTER),
         *_dra_source(config, "cluster"),
+        *_gateway_sources(config),
+    ]
+
+
+def _gateway_sources(config: PipelineConfig) -> list[Source[Any]]:
+    """InferencePools and their pickers where the gateway is on; absent otherwise, so a
+    cluster without the Inference Extension exports what it did before."""
+    if not (config.gateway and config.kubernetes):
+        return []
+    deadline = config.source_deadline_seconds
+    return [
+        InferencePoolSource(
+            kubeconfig=config.kubeconfig,
+            picker_urls=dict(config.gateway_picker_urls),
+            timeout_seconds=max(0.1, deadline * 0.8),
+        ),
+        PickerSource(
+            timeout_seconds=min(config.engine_timeout_seconds, max(0.1, deadline * 0.8)),
+            max_body_bytes=config.engine_max_body_bytes,
+            token=config.gateway_picker_token,
+            ca_file=config.gateway_picker_ca_file,
+        ),
     ]
 
 

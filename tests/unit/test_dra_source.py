@@ -13,7 +13,7 @@ from gpuledger.model import Snapshots
 from gpuledger.model.dra import DRA, NodeDevices
 from gpuledger.net.kubeapi import ApiException
 from gpuledger.protocols.podresources import api_pb2
-from gpuledger.sources.kubernetes import dra
+from gpuledger.sources.kubernetes import dra, lists
 from gpuledger.sources.kubernetes.dra import DraSource, claim_info, slice_devices
 from gpuledger.sources.podresources.source import claims_from_response
 
@@ -136,7 +136,7 @@ def _cluster_source(monkeypatch: pytest.MonkeyPatch, slices: list[Any] | int) ->
         return _Body(slices)
 
     monkeypatch.setattr(dra.kubeapi, "list_objects", list_objects)
-    monkeypatch.setattr(dra, "read_bounded", lambda body, limit, deadline: body.body)
+    monkeypatch.setattr(lists, "read_bounded", lambda body, limit, deadline: body.body)
     client = SimpleNamespace(configuration=SimpleNamespace(host="https://k8s:6443"))
     return DraSource("cluster", api_client=client)
 

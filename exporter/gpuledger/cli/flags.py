@@ -131,6 +131,7 @@ def _add_exporter_flags(p: argparse.ArgumentParser, *, simulated: bool) -> None:
     _add_engine_flags(p)
     _add_span_flags(p)
     _add_ray_flags(p)
+    _add_gateway_flags(p)
     _add_cluster_view_flags(p)
 
 
@@ -384,6 +385,47 @@ def _add_ray_flags(p: argparse.ArgumentParser) -> None:
         env="RAY_WORKLOAD",
         default=_env("RAY_WORKLOAD"),
         metavar="NS/NAME",
+    )
+
+
+def _add_gateway_flags(p: argparse.ArgumentParser) -> None:
+    """Cluster mode: InferencePools (Gateway API Inference Extension) and their pickers."""
+    _flag(
+        p,
+        "--gateway",
+        "cluster mode: list InferencePools (inference.networking.k8s.io/v1) and read each "
+        "pool's endpoint picker metrics; on when Kubernetes is (auto) or off",
+        env="GATEWAY",
+        shown_default="auto",
+        type=_one_of("auto", "off"),
+        default=_env("GATEWAY", "auto"),
+    )
+    _flag(
+        p,
+        "--gateway-picker-url",
+        "a pool's picker metrics URL instead of its Service's http-metrics port, "
+        "NAMESPACE/POOL=URL, repeatable (the variable: comma-separated)",
+        env="GATEWAY_PICKER_URLS",
+        action="append",
+        default=None,
+        metavar="NS/POOL=URL",
+    )
+    _flag(
+        p,
+        "--gateway-picker-token-file",
+        "file holding the bearer token sent to pickers (and only to them): a service "
+        "account that may get /metrics, never the exporter's own",
+        env="GATEWAY_PICKER_TOKEN_FILE",
+        default=_env("GATEWAY_PICKER_TOKEN_FILE"),
+        metavar="PATH",
+    )
+    _flag(
+        p,
+        "--gateway-picker-ca-file",
+        "CA bundle that signs pickers' metrics certificates (https picker URLs)",
+        env="GATEWAY_PICKER_CA_FILE",
+        default=_env("GATEWAY_PICKER_CA_FILE"),
+        metavar="PATH",
     )
 
 

@@ -23,6 +23,7 @@ from gpuledger.cli.flags import (
 from gpuledger.explain.agents import (
     AgentAccessError,
 )
+from gpuledger.identity.urls import safe_url
 from gpuledger.model.spans import GrpcSecurity
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.web import cluster_page
@@ -201,18 +202,34 @@ def ray_workload(address: str | None, explicit: str | None) -> tuple[str, str]:
     return "", "ray"
 
 
-def _read_token(path: str | None) -> str | None:
+def _read_token(path: str | None, flag: str = "--ray-token-file") -> str | None:
     if not path:
         return None
     try:
         return Path(path).read_text().strip() or None
     except OSError as exc:
         # The path is a flag value; the file's content never appears in a message.
-        print(
-            f"gpuledger: error: cannot read --ray-token-file {path}: {exc.strerror}",
-            file=sys.stderr,
-        )
+        print(f"gpuledger: error: cannot read {flag} {path}: {exc.strerror}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+
+
+def picker_urls(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """--gateway-picker-url NAMESPACE/POOL=URL values; a malformed one is a usage error."""
+    pairs = []
+    for value in values:
+        pool, _, url = value.partition("=")
+        namespace, _, name = pool.partition("/")
+        if not (namespace and name and "/" not in name) or not url.startswith(
+            ("http://", "https://")
+        ):
+            print(
+                "gpuledger: error: --gateway-picker-url takes NAMESPACE/POOL=URL with an "
+                f"http:// or https:// URL, got {safe_url(url) if url else pool!r}",
+                file=sys.stderr,
+            )
+            raise SystemExit(EXIT_USAGE)
+        pairs.append((pool, url))
+    return tuple(pairs)
 
 
 def serve_config(args: argparse.Namespace) -> PipelineConfig:
@@ -241,6 +258,12 @@ def serve_config(args: argparse.Namespace) -> PipelineConfig:
             args.dra_device_class, "DRA_DEVICE_CLASSES", "gpu.nvidia.com,mig.nvidia.com"
         ),
         dra_drivers=_list(args.dra_driver, "DRA_DRIVERS", "gpu.nvidia.com"),
+        gateway=kubernetes and args.mode == "cluster" and args.gateway == "auto",
+        gateway_picker_urls=picker_urls(_list(args.gateway_picker_url, "GATEWAY_PICKER_URLS")),
+        gateway_picker_token=_read_token(
+            args.gateway_picker_token_file, "--gateway-picker-token-file"
+        ),
+        gateway_picker_ca_file=args.gateway_picker_ca_file,
         ray_address=args.ray_address,
         ray_token=_read_token(args.ray_token_file),
         ray_workload=ray_workload(args.ray_address, args.ray_workload),

@@ -74,6 +74,7 @@ _QUERY = {
     "allow_watch_bookmarks": "allowWatchBookmarks",
     "_continue": "continue",
     "field_selector": "fieldSelector",
+    "label_selector": "labelSelector",
     "limit": "limit",
     "resource_version": "resourceVersion",
     "resource_version_match": "resourceVersionMatch",

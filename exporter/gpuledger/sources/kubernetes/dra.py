@@ -23,7 +23,6 @@ configured rather than down.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,9 +32,9 @@ from typing import Any, Literal
 from gpuledger.model import NOT_CONFIGURED, Snapshots
 from gpuledger.model.dra import DRA, ClaimInfo, DraSnapshot, NodeDevices, SliceDevice
 from gpuledger.net import kubeapi
-from gpuledger.net.bounded import BodyTimedOut, BodyTooLarge, read_bounded
 from gpuledger.net.kubeapi import ApiException
 from gpuledger.sources.base import Source, SourceError
+from gpuledger.sources.kubernetes.lists import ListReader
 from gpuledger.sources.kubernetes.pods import _describe_error, connect_client
 
 __all__ = [
@@ -282,59 +281,16 @@ class DraSource(Source[DraSnapshot]):
     ) -> list[Any]:
         """Every page of the list, each item reduced as it is parsed, at most `cap` rows.
         `path`: another list than the mode's (cluster mode's slices, cluster-wide)."""
-        rows: list[Any] = []
-        token: str | None = None
+        reader = ListReader(self._client, host, self._page_size, self._max_page_bytes)
         what = "GPU ResourceSlices" if path is not None else self._what
-        for _ in range(MAX_PAGES):
-            for item in self._page(token, deadline, host, path):
-                rows.extend(reduce(item))
-                if len(rows) > cap:
-                    raise SourceError(
-                        "too_large", f"the Kubernetes API {host} lists over {cap} {what}"
-                    )
-            token = self._continue
-            if token is None:
-                return rows
-        raise SourceError("bad_response", f"the Kubernetes API {host} kept sending list pages")
+        selector = self.field_selector if path is None else None
+        return reader.collect(
+            path or self.path, deadline, reduce, cap, what, field_selector=selector
+        )
 
     @property
     def _what(self) -> str:
         return "GPU devices in this node's ResourceSlices" if self.mode == "node" else "claims"
-
-    def _page(
-        self, token: str | None, deadline: float, host: str, path: str | None = None
-    ) -> list[Mapping[str, Any]]:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise SourceError("timeout", f"the Kubernetes API {host} did not list in time")
-        selector = self.field_selector if path is None else None
-        params: dict[str, Any] = {"limit": self._page_size, "field_selector": selector}
-        params.update({"_continue": token} if token else {"resource_version": "0"})
-        response = kubeapi.list_objects(
-            self._client, path or self.path, _request_timeout=(left, left), **params
-        )
-        try:
-            body = json.loads(read_bounded(response, self._max_page_bytes, deadline))
-        except BodyTooLarge:
-            raise SourceError(
-                "too_large", f"the Kubernetes API {host} sent a page too large"
-            ) from None
-        except BodyTimedOut:
-            raise SourceError(
-                "timeout", f"the Kubernetes API {host} did not list in time"
-            ) from None
-        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-            raise SourceError("bad_response", f"the Kubernetes API {host} sent no list") from None
-        finally:
-            response.release_conn()
-        items = body.get("items") if isinstance(body, Mapping) else None
-        if not isinstance(items, list):
-            raise SourceError("bad_response", f"the Kubernetes API {host} sent no list")
-        raw = _obj(body.get("metadata")).get("continue")
-        self._continue = raw if isinstance(raw, str) and raw else None
-        return _objs(items)
-
-    _continue: str | None = None
 
     def _api_error(self, exc: ApiException, host: str, what: str | None = None) -> SourceError:
         status = int(exc.status or 0)

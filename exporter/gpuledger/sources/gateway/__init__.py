@@ -1,0 +1,1 @@
+"""The gateway's endpoint pickers (Gateway API Inference Extension, llm-d-router)."""
