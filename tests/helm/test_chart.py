@@ -400,15 +400,24 @@ def test_deployment_needs_no_host_access_and_runs_as_non_root() -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_rbac_is_read_only_pods(scenario: str) -> None:
     """Pods, and DRA's objects where read: the node agent its slices, the cluster view claims
-    and every node's slices (its count of DRA GPU nodes)."""
+    and every node's slices (its count of DRA GPU nodes); with the gateway on, the cluster
+    view InferencePools and Services too (the picker reader: tests/helm/test_gateway_chart.py)."""
     manifests = render(scenario)
-    roles = of_kind(manifests, "ClusterRole") + of_kind(manifests, "Role")
+    roles = [
+        r
+        for r in of_kind(manifests, "ClusterRole") + of_kind(manifests, "Role")
+        if not r["metadata"]["name"].endswith("-picker-reader")
+    ]
     assert roles
     dra = {"node": ["resourceslices"], "cluster": ["resourceclaims", "resourceslices"]}
+    gateway = {(("inference.networking.k8s.io",), ("inferencepools",)), (("",), ("services",))}
     for role in roles:
         name = role["metadata"]["name"]
         granted = {(tuple(r["apiGroups"]), tuple(r["resources"])) for r in role["rules"]}
         want = dra["node" if name.endswith("-node") else "cluster"]
+        if scenario == "gateway-values.yaml" and name.endswith("-cluster"):
+            assert gateway <= granted, name
+            granted -= gateway
         assert granted == {(("",), ("pods",)), (("resource.k8s.io",), tuple(want))}, name
         for rule in role["rules"]:
             assert set(rule["verbs"]) <= READ_VERBS, rule["verbs"]

@@ -374,3 +374,84 @@ basicAuth:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+cluster.gateway: InferencePools and their endpoint pickers (GPULEDGER_GATEWAY_* = serve's
+--gateway flags). The picker token is a service account's that may only GET /metrics
+(<fullname>-picker-reader, rbac.yaml), or an existing Secret's: never the cluster view's own
+token, which whoever creates an InferencePool could otherwise harvest at a picker of theirs.
+*/}}
+{{- define "gpuledger.pickerTokenSecret" -}}
+{{- $g := .Values.cluster.gateway -}}
+{{- if $g.pickerToken.existingSecret -}}
+{{ $g.pickerToken.existingSecret }}
+{{- else if $g.pickerToken.create -}}
+{{ include "gpuledger.fullname" . }}-picker-reader
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuledger.gatewayEnv" -}}
+{{- $g := .Values.cluster.gateway -}}
+- name: GPULEDGER_GATEWAY
+  value: {{ if $g.enabled }}"auto"{{ else }}"off"{{ end }}
+{{- if $g.enabled }}
+{{- with $g.pickerURLs }}
+- name: GPULEDGER_GATEWAY_PICKER_URLS
+  value: {{ join "," (include "gpuledger.pickerURLPairs" $g | fromYamlArray) | quote }}
+{{- end }}
+{{- if include "gpuledger.pickerTokenSecret" . }}
+- name: GPULEDGER_GATEWAY_PICKER_TOKEN_FILE
+  value: {{ printf "/etc/gpuledger/picker-token/%s" $g.pickerToken.key | quote }}
+{{- end }}
+{{- if $g.caSecretName }}
+- name: GPULEDGER_GATEWAY_PICKER_CA_FILE
+  value: {{ printf "/etc/gpuledger/picker-ca/%s" $g.caKey | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.pickerURLPairs" -}}
+{{- range $pool, $url := .pickerURLs }}
+- {{ printf "%s=%s" $pool $url | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.gatewayVolume" -}}
+{{- $g := .Values.cluster.gateway -}}
+{{- if $g.enabled }}
+{{- with include "gpuledger.pickerTokenSecret" . }}
+- name: picker-token
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+    items:
+      - key: {{ $g.pickerToken.key }}
+        path: {{ $g.pickerToken.key }}
+{{- end }}
+{{- if $g.caSecretName }}
+- name: picker-ca
+  secret:
+    secretName: {{ $g.caSecretName }}
+    defaultMode: 0440
+    items:
+      - key: {{ $g.caKey }}
+        path: {{ $g.caKey }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuledger.gatewayMount" -}}
+{{- $g := .Values.cluster.gateway -}}
+{{- if $g.enabled }}
+{{- if include "gpuledger.pickerTokenSecret" . }}
+- name: picker-token
+  mountPath: /etc/gpuledger/picker-token
+  readOnly: true
+{{- end }}
+{{- if $g.caSecretName }}
+- name: picker-ca
+  mountPath: /etc/gpuledger/picker-ca
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
