@@ -54,6 +54,10 @@ CASES["e2e-node+e2e-cluster"] = [
     (SCENARIOS / "e2e-node.yaml", None),
     (SCENARIOS / "e2e-cluster.yaml", None),
 ]
+CASES["gateway-node+gateway-cluster"] = [
+    (SCENARIOS / "gateway-node.yaml", None),
+    (SCENARIOS / "gateway-cluster.yaml", None),
+]
 
 
 @functools.cache

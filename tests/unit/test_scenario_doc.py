@@ -92,6 +92,7 @@ def skeleton() -> dict[str, Any]:
                 ]
             },
         },
+        "gateway": {"pools": [{"name": "pool", "selector": {"app": "x"}, "picker": {}}]},
         "phases": [
             {
                 "name": "later",
@@ -99,6 +100,7 @@ def skeleton() -> dict[str, Any]:
                 "processes": {100: {}},
                 "pods": {"default/p": {}},
                 "engines": {"default/p": {}},
+                "gateway": {"default/pool": {}},
             }
         ],
     }

@@ -28,6 +28,13 @@ Only what an informer needs, with the real wire behaviour:
   (`set_dra_objects`): a `ResourceSliceList`/`ResourceClaimList` of the
   `resource.k8s.io/v1` API (Kubernetes 1.34), `fieldSelector=spec.nodeName=<node>` for
   slices, no paging; `404` while no objects were set, as a server without DRA answers.
+* `GET /apis/inference.networking.k8s.io/v1/inferencepools` (and
+  `.../namespaces/<ns>/inferencepools[/<name>]`; `set_inference_pools`): an
+  `InferencePoolList` of the Gateway API Inference Extension's v1 API, with
+  `limit`/`continue` paging as pods have; `404` while none were set, as a cluster without
+  the CRD answers (and for watches, which the fake does not serve).
+* `GET /api/v1/namespaces/<ns>/services/<name>` (and the namespace's list; `set_services`):
+  a Service, `404` with a Status for an unknown one.
 * faults (`set_fault`): `refuse` (listening socket closed, connections cut), `http_500`,
   `forbidden` (403), `unauthorized` (401), `hang` (requests and open watches stall until
   the fault is cleared), `garbage` (200 with an HTML page instead of JSON), `truncated`
@@ -117,6 +124,10 @@ _OWNER_API = {
 
 # Dynamic Resource Allocation, GA in Kubernetes 1.34.
 DRA_API = "/apis/resource.k8s.io/v1"
+# Gateway API Inference Extension: InferencePool v1 (GIE v1.0.0 and later).
+GATEWAY_API = "/apis/inference.networking.k8s.io/v1"
+_POOLS = re.compile(r"^(?:/namespaces/([^/]+))?/inferencepools(?:/([^/]+))?$")
+_SERVICES = re.compile(r"^/api/v1/namespaces/([^/]+)/services(?:/([^/]+))?$")
 
 
 def _now_rfc3339(at: float | None = None) -> str:
@@ -559,10 +570,16 @@ class FakeApiServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._serve_thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
-        self.requests: dict[str, int] = {"list": 0, "watch": 0, "proxy": 0, "dra": 0}
+        self.requests: dict[str, int] = {
+            **{"list": 0, "watch": 0, "proxy": 0, "dra": 0},
+            **{"inferencepools": 0, "services": 0},
+        }
         # resource.k8s.io/v1 collections by resource name; a name absent answers 404,
         # as a server without DRA (before 1.34, or the API group turned off) does.
         self._dra: dict[str, list[dict[str, Any]]] = {}
+        # InferencePools (None: the CRD is not installed, 404) and Services by namespace/name.
+        self._pools: list[dict[str, Any]] | None = None
+        self._services: dict[tuple[str, str], dict[str, Any]] = {}
         self.proxy_deadline = 30.0  # seconds a pods/proxy read may take, connect to last byte
         self.proxy_max_bytes = 128 * 1024 * 1024
 
@@ -742,6 +759,118 @@ class FakeApiServer:
             },
         )
 
+    def set_inference_pools(self, items: Sequence[Mapping[str, Any]] | None) -> None:
+        """Serve `items` (InferencePool objects) under GATEWAY_API; None: answer 404, as a
+        cluster without the CRD. A changed set moves the resourceVersion on."""
+        new = None if items is None else [copy.deepcopy(dict(i)) for i in items]
+        with self._cond:
+            if new == self._pools:
+                return
+            if new is not None:
+                self._rv += 1
+                for item in new:
+                    item.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+            self._pools = new
+
+    def set_services(self, items: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the Services served under /api/v1/namespaces/<ns>/services."""
+        with self._cond:
+            self._services = {
+                (i["metadata"]["namespace"], i["metadata"]["name"]): copy.deepcopy(dict(i))
+                for i in items
+            }
+
+    def _serve_pools(
+        self, handler: _Handler, match: re.Match[str], query: Mapping[str, str]
+    ) -> None:
+        namespace, name = match.groups()
+        with self._cond:
+            self.requests["inferencepools"] += 1
+            pools = copy.deepcopy(self._pools)
+        if pools is None or query.get("watch") in ("true", "1"):
+            handler.send_json(
+                404, _status(404, "NotFound", "the server could not find the requested resource")
+            )
+            return
+        if namespace is not None:
+            pools = [p for p in pools if p["metadata"].get("namespace") == namespace]
+        if name is not None:
+            found = [p for p in pools if p["metadata"].get("name") == name]
+            if not found:
+                message = f'inferencepools.inference.networking.k8s.io "{name}" not found'
+                handler.send_json(404, _status(404, "NotFound", message))
+            else:
+                handler.send_json(200, found[0])
+            return
+        code, body = self._page(query, pools, "InferencePoolList", "inference.networking.k8s.io/v1")
+        handler.send_json(code, body)
+
+    def _serve_services(
+        self, handler: _Handler, match: re.Match[str], query: Mapping[str, str]
+    ) -> None:
+        namespace, name = match.groups()
+        with self._cond:
+            self.requests["services"] += 1
+            found = copy.deepcopy(self._services.get((namespace, name or "")))
+            listed = [
+                copy.deepcopy(v) for (ns, _), v in sorted(self._services.items()) if ns == namespace
+            ]
+        if name is None:
+            code, body = self._page(query, listed, "ServiceList", "v1")
+            handler.send_json(code, body)
+        elif found is None:
+            handler.send_json(404, _status(404, "NotFound", f'services "{name}" not found'))
+        else:
+            handler.send_json(200, found)
+
+    def _page(
+        self, query: Mapping[str, str], items: list[dict[str, Any]], kind: str, api_version: str
+    ) -> tuple[int, dict[str, Any]]:
+        """One page of a list of objects other than pods: `limit` and `continue` as the API
+        server pages them (a token over the first page's snapshot; 410 once forgotten)."""
+        with self._cond:
+            token = query.get("continue")
+            if token and query.get("resourceVersion"):
+                return 400, _status(
+                    400,
+                    "BadRequest",
+                    "specifying resource version is not allowed when using continue",
+                )
+            rv = self._rv
+            snapshot_id, offset = uuid.uuid4().hex, 0
+            if token:
+                try:
+                    decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+                    snapshot_id, offset = str(decoded["id"]), int(decoded["offset"])
+                except (ValueError, KeyError, TypeError):
+                    return 400, _status(400, "BadRequest", "continue key is not valid")
+                if snapshot_id not in self._snapshots:
+                    return 410, _status(
+                        410,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent "
+                        "list result. You can start a new list without the continue parameter.",
+                    )
+                rv, items = self._snapshots[snapshot_id]
+            try:
+                limit = int(query.get("limit") or 0)
+            except ValueError:
+                return 400, _status(400, "BadRequest", "invalid limit")
+            page = items[offset : offset + limit] if limit > 0 else items[offset:]
+            metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+            next_offset = offset + len(page)
+            if next_offset < len(items):
+                self._snapshots[snapshot_id] = (rv, items)
+                if len(self._snapshots) > 64:
+                    del self._snapshots[next(iter(self._snapshots))]
+                metadata["continue"] = base64.urlsafe_b64encode(
+                    json.dumps({"id": snapshot_id, "offset": next_offset}).encode()
+                ).decode()
+                metadata["remainingItemCount"] = len(items) - next_offset
+            else:
+                self._snapshots.pop(snapshot_id, None)
+        return 200, {"kind": kind, "apiVersion": api_version, "metadata": metadata, "items": page}
+
     def expire_history(self) -> None:
         """Forget every resourceVersion up to now: open watches get ERROR 410 and end,
         watches from an older version get 410, continue tokens expire."""
@@ -810,6 +939,12 @@ class FakeApiServer:
             return
         if path.startswith(DRA_API + "/"):
             self._serve_dra(handler, path[len(DRA_API) + 1 :], query)
+            return
+        if path.startswith(GATEWAY_API + "/") and (pools := _POOLS.match(path[len(GATEWAY_API) :])):
+            self._serve_pools(handler, pools, query)
+            return
+        if services := _SERVICES.match(path):
+            self._serve_services(handler, services, query)
             return
         if path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
             namespace = path[len("/api/v1/namespaces/") : -len("/pods")]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from uuid import NAMESPACE_URL, uuid5
 
 from gpuledger.document.v1 import LedgerDocument
 from gpuledger.engines import BY_NAME, KINDS
@@ -39,6 +40,13 @@ from gpuledger.sim.fake_nvml import (
     FakeProcess,
     build_fake_nvml,
     write_state,
+)
+from gpuledger.sim.fake_picker import (
+    DEFAULT_MODEL,
+    FakeEndpoint,
+    FakePicker,
+    FakePickerState,
+    build,
 )
 from gpuledger.sim.fake_ray import (
     FakeRayDashboard,
@@ -66,7 +74,9 @@ from gpuledger.sim.scenario import (
     SimEngineServer,
     SimGpu,
     SimMig,
+    SimPicker,
     SimPod,
+    SimPool,
     SimProcess,
     SimSliceDevice,
     mig_devices,
@@ -336,6 +346,178 @@ def claim_objects(dra: SimDra) -> list[dict[str, Any]]:
     return out
 
 
+# Kubernetes objects of the gateway (tests/fixtures/gateway/): fixed times, so that an
+# unchanged pool is the same object in every phase.
+_GATEWAY_CREATED = "2026-08-20T09:14:02Z"
+_GATEWAY_ACCEPTED = "2026-08-20T09:14:05Z"
+EXT_PROC_PORT = 9002  # the picker's ext-proc gRPC port (--grpc-port), which the gateway calls
+
+
+def _gateway_uid(kind: str, namespace: str, name: str) -> str:
+    return str(uuid5(NAMESPACE_URL, f"gpuledger-sim/{kind}/{namespace}/{name}"))
+
+
+def _helm_metadata(pool: SimPool, picker: SimPicker) -> dict[str, Any]:
+    """What the picker's chart (release = the pool's name) puts on the pool and Service."""
+    return {
+        "labels": {
+            "app.kubernetes.io/managed-by": "Helm",
+            "app.kubernetes.io/name": picker.service,
+            "app.kubernetes.io/version": picker_build(picker)[0],
+        },
+        "annotations": {
+            "meta.helm.sh/release-name": pool.name,
+            "meta.helm.sh/release-namespace": pool.namespace,
+        },
+    }
+
+
+def picker_build(picker: SimPicker) -> tuple[str, str]:
+    """(version, commit) of the picker: GIE v1.5.0 for the legacy names, else llm-d-router."""
+    return build("legacy" if picker.names == "legacy" else "both")
+
+
+def pool_object(pool: SimPool) -> dict[str, Any]:
+    """An InferencePool (inference.networking.k8s.io/v1) as the API server returns it: CRD
+    defaults applied, accepted by a Gateway `inference-gateway` of its namespace."""
+    metadata: dict[str, Any] = {
+        "name": pool.name,
+        "namespace": pool.namespace,
+        "uid": _gateway_uid("inferencepool", pool.namespace, pool.name),
+        "generation": 1,
+        "creationTimestamp": _GATEWAY_CREATED,
+    }
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": dict(pool.selector)},
+        "targetPorts": [{"number": n} for n in pool.target_ports],
+        "appProtocol": "http",
+    }
+    if pool.picker is not None:
+        metadata |= _helm_metadata(pool, pool.picker)
+        spec["endpointPickerRef"] = {
+            "group": "",
+            "kind": "Service",
+            "name": pool.picker.service,
+            "port": {"number": EXT_PROC_PORT},
+            "failureMode": pool.failure_mode,
+        }
+    conditions = [
+        ("Accepted", "Accepted", "Referenced by an HTTPRoute accepted by the parentRef Gateway"),
+        ("ResolvedRefs", "ResolvedRefs", "Resolved ExtensionRef"),
+    ]
+    parent = {
+        "parentRef": {
+            "group": "gateway.networking.k8s.io",
+            "kind": "Gateway",
+            "name": "inference-gateway",
+            "namespace": pool.namespace,
+        },
+        "controllerName": "istio.io/gateway-controller",
+        "conditions": [
+            {
+                "type": kind,
+                "status": "True",
+                "observedGeneration": 1,
+                "lastTransitionTime": _GATEWAY_ACCEPTED,
+                "reason": reason,
+                "message": message,
+            }
+            for kind, reason, message in conditions
+        ],
+    }
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": metadata,
+        "spec": spec,
+        "status": {"parents": [parent]},
+    }
+
+
+def picker_service(pool: SimPool, picker: SimPicker, host: str, port: int) -> dict[str, Any]:
+    """The picker's Service as its chart makes it and the API server stores it, its
+    clusterIP the fake picker's address and its `http-metrics` port the fake's port."""
+    router = picker.names != "legacy"
+    ext_proc: dict[str, Any] = {
+        "name": "grpc-ext-proc",
+        "protocol": "TCP",
+        "port": EXT_PROC_PORT,
+        "targetPort": EXT_PROC_PORT,
+    }
+    if router:  # GIE v1.5.0's chart names no appProtocol
+        ext_proc["appProtocol"] = "kubernetes.io/h2c"
+    metrics = {"name": "http-metrics", "protocol": "TCP", "port": port, "targetPort": port}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": picker.service,
+            "namespace": pool.namespace,
+            "uid": _gateway_uid("service", pool.namespace, picker.service),
+            "resourceVersion": "1",
+            "creationTimestamp": _GATEWAY_CREATED,
+            **_helm_metadata(pool, picker),
+        },
+        "spec": {
+            "selector": {("llm-d-router-gateway" if router else "inferencepool"): picker.service},
+            "ports": [ext_proc, metrics],
+            "type": "ClusterIP",
+            "clusterIP": host,
+            "clusterIPs": [host],
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "sessionAffinity": "None",
+            "internalTrafficPolicy": "Cluster",
+        },
+        "status": {"loadBalancer": {}},
+    }
+
+
+def picker_state(pool: SimPool, picker: SimPicker, state: Scenario) -> FakePickerState:
+    """What the pool's picker reports in `state`: an endpoint per ready member pod and
+    target port, rank i's values from the pod's i-th `engines` entry (its engines' waiting
+    and running summed, KV cache usage averaged), idle where it has none."""
+    endpoints = []
+    model = None
+    for pod in sorted(state.pods or (), key=lambda p: p.name):
+        if not (pool.selects(pod) and pod.ready and pod.node):
+            continue
+        servers = [e for e in state.engines if e.pod == pod.key]
+        for rank, port in enumerate(pool.target_ports):
+            engines = servers[rank].engines if rank < len(servers) else ()
+            model = model or next((e.model_name for e in engines), None)
+            kv = sum(e.kv_cache_usage for e in engines) / len(engines) if engines else 0.0
+            endpoints.append(
+                FakeEndpoint(
+                    pod=pod.name,
+                    namespace=pod.namespace,
+                    rank=rank,
+                    port=port,
+                    queue=sum(e.waiting for e in engines),
+                    running=sum(e.running for e in engines),
+                    kv_cache_usage=kv,
+                )
+            )
+    ready = picker.ready_endpoints
+    return FakePickerState(
+        pool=pool.name,
+        names=picker.names,  # type: ignore[arg-type]
+        flow_control=picker.flow_control,
+        queued=picker.queued,
+        queued_bytes=picker.queued_bytes,
+        saturation=picker.saturation,
+        ready_endpoints=len(endpoints) if ready is None else ready,
+        endpoints=tuple(endpoints),
+        model_name=model or DEFAULT_MODEL,
+    )
+
+
+def picker_token(scenario: Scenario) -> str | None:
+    """The token the exporter sends pickers (one for all): the first picker's that has one."""
+    pools = scenario.gateway.pools if scenario.gateway is not None else ()
+    return next((p.picker.token for p in pools if p.picker and p.picker.token), None)
+
+
 def _ray_workload(scenario: Scenario) -> tuple[str, str]:
     text = scenario.ray.workload if scenario.ray is not None else None
     if not text:
@@ -399,6 +581,8 @@ class SimulatedNode:
         # Ray Serve: the dashboard's Serve answers, and each Ray node's metrics endpoint.
         self.serve: FakeServe | None = None
         self.ray_metrics: dict[str, FakeRayMetrics] = {}
+        # The pools' endpoint pickers, by pool namespace/name.
+        self.pickers: dict[str, FakePicker] = {}
         self._pods: dict[str, SimPod] = {}
         try:
             self._start_services(scenario)
@@ -428,6 +612,8 @@ class SimulatedNode:
         elif scenario.pods is not None:
             self.apiserver = FakeApiServer().start()
             self.kubeconfig = self.apiserver.kubeconfig(self.workdir / "kubeconfig")
+        if scenario.gateway is not None and self.apiserver is not None:
+            self._start_pickers(scenario)
         if scenario.ray is not None:
             self.ray = FakeRayDashboard(token=scenario.ray.token).start()
             if scenario.ray.serve is not None or any(p.ray_serve for p in scenario.phases):
@@ -437,6 +623,36 @@ class SimulatedNode:
             self._socket_dir = tempfile.mkdtemp(prefix="gl-", dir="/tmp")
             self.socket_path = os.path.join(self._socket_dir, "kubelet.sock")
             self.kubelet = FakeKubelet(self.socket_path).start()
+
+    def _start_pickers(self, scenario: Scenario) -> None:
+        """Each pool's picker on its own loopback address (`127.79.x.y`), its Service's
+        clusterIP, on a port of its own, the Service's `http-metrics` port."""
+        assert scenario.gateway is not None
+        pools = [p for p in scenario.gateway.pools if p.picker is not None]
+        for i, pool in enumerate(pools):
+            assert pool.picker is not None
+            picker = FakePicker(
+                picker_state(pool, pool.picker, scenario),
+                host=f"127.79.{i // 250}.{i % 250 + 1}",
+                token=pool.picker.token,
+                fault=pool.picker.fault,  # type: ignore[arg-type]
+            )
+            self.pickers[pool.key] = picker.start()
+
+    def _sync_gateway(self, state: Scenario) -> None:
+        assert self.apiserver is not None and state.gateway is not None
+        gateway = state.gateway
+        pools = None if gateway.fault == "not_served" else [pool_object(p) for p in gateway.pools]
+        self.apiserver.set_inference_pools(pools)
+        services = []
+        for pool in gateway.pools:
+            picker = self.pickers.get(pool.key)
+            if pool.picker is None or picker is None:
+                continue
+            services.append(picker_service(pool, pool.picker, picker.host, picker.port))
+            picker.set_state(picker_state(pool, pool.picker, state))
+            picker.set_fault(pool.picker.fault)
+        self.apiserver.set_services(services)
 
     def _ray_seed(self) -> str:
         """What Ray ids derive from: `ray.cluster`, shared by the scenarios of the node
@@ -481,6 +697,8 @@ class SimulatedNode:
             if state.dra is not None and state.dra.fault != "not_served":
                 self.apiserver.set_dra_objects("resourceslices", slice_objects(state.dra))
                 self.apiserver.set_dra_objects("resourceclaims", claim_objects(state.dra))
+            if state.gateway is not None:
+                self._sync_gateway(state)
         if self.kubelet is not None:
             self._sync_allocations(state)
         if self.ray is not None:
@@ -638,6 +856,8 @@ class SimulatedNode:
             podresources_socket=socket,
             kubernetes=self.apiserver is not None,
             dra=self.scenario.dra is not None,
+            gateway=self.scenario.gateway is not None and self.apiserver is not None,
+            gateway_picker_token=picker_token(self.scenario),
             # In cluster: none, the exporter reads the service account (see service_env).
             kubeconfig=None if self.apiserver is None or self.in_cluster else str(self.kubeconfig),
             engine_targets=tuple(
@@ -666,6 +886,8 @@ class SimulatedNode:
         return batches
 
     def close(self) -> None:
+        for picker in self.pickers.values():
+            picker.stop()
         for metrics in self.ray_metrics.values():
             metrics.stop()
         if self.ray is not None:

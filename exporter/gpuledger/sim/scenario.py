@@ -20,7 +20,7 @@ import yaml
 
 from gpuledger.engines import BY_NAME, DEFAULT_RAY_DRIVER, KINDS
 from gpuledger.model import frozen_map
-from gpuledger.sim import fake_sglang, fake_vllm
+from gpuledger.sim import fake_picker, fake_sglang, fake_vllm
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
 _UNITS = {
@@ -70,6 +70,7 @@ TOP_KEYS = frozenset(
         "dra",
         "engines",
         "ray",
+        "gateway",
     }
 )
 NVML_KEYS = frozenset({"library", "variants", "init_error", "driver_version"})
@@ -173,6 +174,13 @@ DRA_CLAIM_KEYS = frozenset(
     {"namespace", "name", "device_class", "count", "allocated", "reserved_for", "deleting"}
 )
 DRA_FAULTS = ("ok", "not_served")
+GATEWAY_KEYS = frozenset({"fault", "pools"})
+POOL_KEYS = frozenset({"namespace", "name", "selector", "target_ports", "failure_mode", "picker"})
+PICKER_KEYS = frozenset(
+    {"service", "names", "flow_control", "queued", "queued_bytes", "saturation"}
+    | {"ready_endpoints", "token", "fault"}
+)
+GATEWAY_FAULTS = ("ok", "not_served")
 ENGINE_KEYS = frozenset(
     {
         "model_name",
@@ -226,6 +234,7 @@ PHASE_KEYS = frozenset(
         "kubernetes_fault",
         "podresources_fault",
         "ray_serve",
+        "gateway",
     }
 )
 # A phase patches an object found by the key that names it, which it cannot change.
@@ -233,6 +242,9 @@ GPU_PATCH_KEYS = GPU_KEYS - {"uuid", "index"}
 PROCESS_PATCH_KEYS = PROCESS_KEYS - {"pid"}
 POD_PATCH_KEYS = POD_KEYS - {"namespace", "name"}
 TARGET_PATCH_KEYS = TARGET_KEYS - {"kind", "pod", "name"}
+# What a phase may change of a pool: its picker's state (the pool itself, its selector and
+# ports, stays; a phase's pods change what the selector finds).
+PICKER_PATCH_KEYS = frozenset({"queued", "queued_bytes", "saturation", "ready_endpoints", "fault"})
 # Keys older scenario files used, read as their new names.
 ALIASES: Mapping[str, str] = {"vllm": "engines"}
 
@@ -271,11 +283,15 @@ OBJECT_KEYS: Mapping[str, frozenset[str]] = {
     "ray.serve.applications[].deployments[]": SERVE_DEPLOYMENT_KEYS,
     "ray.serve.applications[].deployments[].replicas[]": SERVE_REPLICA_KEYS,
     "ray.serve.applications[].deployments[].routers[]": SERVE_ROUTER_KEYS,
+    "gateway": GATEWAY_KEYS,
+    "gateway.pools[]": POOL_KEYS,
+    "gateway.pools[].picker": PICKER_KEYS,
     "phases[]": PHASE_KEYS,
     "phases[].gpus.<uuid>": GPU_PATCH_KEYS,
     "phases[].processes.<pid>": PROCESS_PATCH_KEYS,
     "phases[].pods.<namespace/name>": POD_PATCH_KEYS,
     "phases[].engines.<namespace/name>": TARGET_PATCH_KEYS,
+    "phases[].gateway.<namespace/pool>": PICKER_PATCH_KEYS,
 }
 
 
@@ -427,6 +443,50 @@ class SimDra:
     slices: tuple[SimSlice, ...]
     claims: tuple[SimClaim, ...]
     fault: str = "ok"
+
+
+@dataclass(frozen=True)
+class SimPicker:
+    """A pool's endpoint picker (EPP): its Service and what its `/metrics` reports."""
+
+    service: str  # the Service's name (endpointPickerRef.name)
+    names: str  # llm_d_epp | legacy | both (fake_picker.NAMES)
+    flow_control: bool  # the flowControl feature gate: its series exist
+    queued: int  # requests its flow-control queue holds
+    queued_bytes: int
+    saturation: float  # flow_control_pool_saturation (1.0 is the gating set point)
+    ready_endpoints: int | None  # None: the ready member pods' endpoints
+    token: str | None  # its metrics want `Authorization: Bearer <token>`
+    fault: str  # fake_picker.FAULTS
+    raw: Mapping[str, Any]  # the document, so a phase can patch it
+
+
+@dataclass(frozen=True)
+class SimPool:
+    """An InferencePool (inference.networking.k8s.io/v1)."""
+
+    namespace: str
+    name: str
+    selector: Mapping[str, str]  # spec.selector.matchLabels
+    target_ports: tuple[int, ...]
+    failure_mode: str  # FailOpen | FailClose
+    picker: SimPicker | None  # None: no endpointPickerRef
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def selects(self, pod: SimPod) -> bool:
+        """A pod of its namespace whose labels carry every matchLabels pair."""
+        return pod.namespace == self.namespace and all(
+            pod.labels.get(k) == v for k, v in self.selector.items()
+        )
+
+
+@dataclass(frozen=True)
+class SimGateway:
+    pools: tuple[SimPool, ...]
+    fault: str = "ok"  # not_served: no InferencePool CRD (404)
 
 
 @dataclass(frozen=True)
@@ -591,6 +651,8 @@ class Phase:
     podresources_fault: str | None = None
     # A whole `ray.serve` that replaces the scenario's from this phase on.
     ray_serve: SimServe | None = None
+    # Pool namespace/name -> a patch of its picker (PICKER_PATCH_KEYS).
+    gateway: Mapping[str, Mapping[str, Any]] = field(default_factory=frozen_map)
 
 
 @dataclass(frozen=True)
@@ -612,6 +674,7 @@ class Scenario:
     dynamic: tuple[SimDynamic, ...] = ()
     dra: SimDra | None = None
     ray: SimRay | None = None
+    gateway: SimGateway | None = None
 
     def at_phase(self, name: str | None) -> Scenario:
         """This scenario with every phase up to and including `name` applied."""
@@ -1187,6 +1250,109 @@ def _claim(doc: object, at: _Path) -> SimClaim:
     )
 
 
+FAILURE_MODES = ("FailClose", "FailOpen")
+MAX_SELECTOR_LABELS = 64  # spec.selector.matchLabels, as the CRD bounds it
+MAX_TARGET_PORTS = 8
+DEFAULT_TARGET_PORT = 8000
+BYTES_PER_QUEUED = 2048  # queued_bytes when not given: a short prompt per request
+
+
+def _gateway(doc: object, at: _Path) -> SimGateway:
+    d = _mapping(doc, at)
+    _check_keys(d, GATEWAY_KEYS, at)
+    fault = d.get("fault", "ok")
+    if fault not in GATEWAY_FAULTS:
+        raise (at / "fault").fail(f"one of {', '.join(GATEWAY_FAULTS)}", fault)
+    pools = tuple(
+        _pool(p, at / "pools" / i) for i, p in enumerate(_list(d.get("pools"), at / "pools"))
+    )
+    _unique([p.key for p in pools], at / "pools", "namespace/name pairs")
+    services = [(p.namespace, p.picker.service) for p in pools if p.picker is not None]
+    _unique(services, at / "pools", "picker Services per namespace (one picker per pool)")
+    return SimGateway(pools=pools, fault=str(fault))
+
+
+def _pool(doc: object, at: _Path) -> SimPool:
+    d = _mapping(doc, at)
+    _check_keys(d, POOL_KEYS, at)
+    name = _str(d.get("name"), at / "name", "an InferencePool name")
+    selector = _mapping(d.get("selector"), at / "selector", "a mapping of labels (matchLabels)")
+    if not 1 <= len(selector) <= MAX_SELECTOR_LABELS:
+        raise (at / "selector").fail(f"1 to {MAX_SELECTOR_LABELS} labels", selector)
+    labels = {
+        _str(k, at / "selector", "a label name"): _str(v, at / "selector" / str(k), "a value")
+        for k, v in selector.items()
+    }
+    raw_ports = d.get("target_ports", [DEFAULT_TARGET_PORT])
+    ports = tuple(
+        _port(x, at / "target_ports" / i)
+        for i, x in enumerate(_list(raw_ports, at / "target_ports"))
+    )
+    if not 1 <= len(ports) <= MAX_TARGET_PORTS:
+        raise (at / "target_ports").fail(f"1 to {MAX_TARGET_PORTS} ports", raw_ports)
+    _unique(list(ports), at / "target_ports", "port numbers")
+    mode = d.get("failure_mode", "FailClose")
+    if mode not in FAILURE_MODES:
+        raise (at / "failure_mode").fail(f"one of {', '.join(FAILURE_MODES)}", mode)
+    picker = d.get("picker")
+    return SimPool(
+        namespace=_str(d.get("namespace", "default"), at / "namespace"),
+        name=name,
+        selector=frozen_map(labels),
+        target_ports=ports,
+        failure_mode=str(mode),
+        picker=None if picker is None else _picker(picker, at / "picker", name),
+    )
+
+
+def _port(value: object, at: _Path) -> int:
+    number = _int(value, at, 1)
+    if number > 65535:
+        raise at.fail("a port number from 1 to 65535", value)
+    return number
+
+
+def _picker(doc: object, at: _Path, pool: str) -> SimPicker:
+    d = _mapping(doc, at)
+    _check_keys(d, PICKER_KEYS, at)
+    names = d.get("names", "both")
+    if names not in fake_picker.NAMES:
+        raise (at / "names").fail(f"one of {', '.join(fake_picker.NAMES)}", names)
+    fault = d.get("fault", "ok")
+    if fault not in fake_picker.FAULTS:
+        raise (at / "fault").fail(f"one of {', '.join(fake_picker.FAULTS)}", fault)
+    queued = _int(d.get("queued", 0), at / "queued")
+    ready = d.get("ready_endpoints")
+    token = d.get("token")
+    return SimPicker(
+        service=_str(d.get("service", f"{pool}-epp"), at / "service", "a Service name"),
+        names=str(names),
+        flow_control=_bool(d.get("flow_control", True), at / "flow_control"),
+        queued=queued,
+        queued_bytes=parse_size(
+            d.get("queued_bytes", queued * BYTES_PER_QUEUED), at / "queued_bytes"
+        ),
+        saturation=_number(d.get("saturation", 0), at / "saturation"),
+        ready_endpoints=None if ready is None else _int(ready, at / "ready_endpoints"),
+        token=None if token is None else _str(token, at / "token", "a bearer token"),
+        fault=str(fault),
+        raw=frozen_map(d),
+    )
+
+
+def _check_phase_gateway(phases: tuple[Phase, ...], gateway: SimGateway | None, at: _Path) -> None:
+    """A phase's `gateway` patches name pools of the scenario that have a picker, and
+    give values a picker takes (checked on the first state, as GPU patches are)."""
+    pools = {p.key: p for p in gateway.pools} if gateway is not None else {}
+    for i, phase in enumerate(phases):
+        for key, patch in phase.gateway.items():
+            where = at / "phases" / i / "gateway" / key
+            pool = pools.get(key)
+            if pool is None or pool.picker is None:
+                raise where.fail("namespace/name of a pool under gateway.pools with a picker", key)
+            _picker({**pool.picker.raw, **patch}, where, pool.name)
+
+
 RAY_FAULTS = ("ok", "refuse", "hang", "http_500", "garbage", "result_false")
 RAY_EXECUTORS = ("ray", "legacy")
 _JOB_ID = re.compile(r"^[0-9a-f]{8}$")
@@ -1448,6 +1614,12 @@ def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
     }
     for key, patch in engine_patches.items():
         _check_keys(patch, TARGET_PATCH_KEYS, at / "engines" / key)
+    picker_patches = {
+        str(key): _mapping(patch, at / "gateway" / str(key))
+        for key, patch in _mapping(d.get("gateway") or {}, at / "gateway").items()
+    }
+    for key, patch in picker_patches.items():
+        _check_keys(patch, PICKER_PATCH_KEYS, at / "gateway" / key)
     allocations = None
     if "allocations" in d:
         allocations = tuple(
@@ -1476,6 +1648,7 @@ def _phase(doc: object, at: _Path, gpus: tuple[SimGpu, ...]) -> Phase:
         kubernetes_fault=_phase_fault(d, "kubernetes_fault", KUBERNETES_FAULTS, at),
         podresources_fault=_phase_fault(d, "podresources_fault", PODRESOURCES_FAULTS, at),
         ray_serve=_serve(d["ray_serve"], at / "ray_serve", None) if d.get("ray_serve") else None,
+        gateway=frozen_map(picker_patches),
     )
 
 
@@ -1539,7 +1712,21 @@ def _apply(state: Scenario, phase: Phase) -> Scenario:
         ray=replace(state.ray, serve=phase.ray_serve)
         if state.ray is not None and phase.ray_serve is not None
         else state.ray,
+        gateway=_apply_gateway(state.gateway, phase, at / "gateway"),
     )
+
+
+def _apply_gateway(gateway: SimGateway | None, phase: Phase, at: _Path) -> SimGateway | None:
+    if gateway is None or not phase.gateway:
+        return gateway
+    pools = []
+    for pool in gateway.pools:
+        patch = phase.gateway.get(pool.key)
+        if patch is not None and pool.picker is not None:
+            picker = _picker({**pool.picker.raw, **patch}, at / pool.key, pool.name)
+            pool = replace(pool, picker=picker)  # noqa: PLW2901
+        pools.append(pool)
+    return replace(gateway, pools=tuple(pools))
 
 
 def parse_scenario(doc: object, source: str) -> Scenario:
@@ -1602,7 +1789,14 @@ def parse_scenario(doc: object, source: str) -> Scenario:
                 "namespace/name of a pod under kubernetes.pods", rn.pod
             )
     _check_phase_serve(phases, ray, at)
+    gateway = None
+    if d.get("gateway") is not None:
+        if pods is None:
+            raise (at / "gateway").fail("a scenario with kubernetes (the pools' pods)", "gateway")
+        gateway = _gateway(d["gateway"], at / "gateway")
+    _check_phase_gateway(phases, gateway, at)
     return Scenario(
+        gateway=gateway,
         ray=ray,
         mode=mode,
         pods=pods,
