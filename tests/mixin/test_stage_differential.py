@@ -58,6 +58,11 @@ CASES["gateway-node+gateway-cluster"] = [
     (SCENARIOS / "gateway-node.yaml", None),
     (SCENARIOS / "gateway-cluster.yaml", None),
 ]
+# Issue 23's second half: the picker passes through, the engines fill to max_num_seqs.
+CASES["gateway-node@engines-full+gateway-cluster@passing-through"] = [
+    (SCENARIOS / "gateway-node.yaml", "engines-full"),
+    (SCENARIOS / "gateway-cluster.yaml", "passing-through"),
+]
 
 
 @functools.cache
@@ -90,6 +95,27 @@ def test_the_demo_workloads_without_an_engine_are_no_engine_on_both_sides() -> N
     ]:
         assert judged[key] == ("no_engine", None), key
     assert judged[("llm", "llama-8b")] == ("engine_queueing", "max_num_seqs")
+
+
+@pytest.mark.parametrize(
+    ("case", "want"),
+    [
+        ("gateway-node+gateway-cluster", ("routing", "gateway_queue")),
+        (
+            "gateway-node@engines-full+gateway-cluster@passing-through",
+            ("engine_queueing", "max_num_seqs"),
+        ),
+    ],
+)
+def test_a_pool_of_three_engines_is_the_gateways_while_its_picker_queues_then_the_engines(
+    case: str, want: tuple[str, str]
+) -> None:
+    """Issue 23's "Done when", on both sides: picker queue 30 with every engine below
+    max_num_seqs is routing (gateway_queue); the picker passing through to engines at
+    max_num_seqs is engine queueing (max_num_seqs)."""
+    snapshots = [snapshot(*part) for part in CASES[case]]
+    assert python_judgements(snapshots)[("llm", "vllm-a")] == want
+    assert rule_mismatches(snapshots, _recording_groups(rule_groups())) == []
 
 
 # ---------------------------------------------------------------------------- one side only
