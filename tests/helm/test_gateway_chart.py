@@ -5,8 +5,13 @@ never its own."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gpuledger.cli.flags import build_parser
+from gpuledger.cli.serve import serve_config
 from tests.helm.chart import (
     CHART,
     NAMESPACE,
@@ -114,3 +119,26 @@ def test_the_schema_refuses_a_picker_url_that_is_no_http_url() -> None:
         check=False,
     )
     assert result.returncode != 0 and "pickerURLs" in result.stderr
+
+
+def test_the_rendered_settings_are_what_the_exporter_reads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cluster view's GATEWAY variables, through serve's own flags, give the pipeline
+    the gateway on, the configured picker URL and the picker token (from its file)."""
+    env = env_of(component(render(GATEWAY), "Deployment", "cluster"))
+    token = tmp_path / "token"
+    token.write_text("picker-token-canary\n")
+    for name, value in env.items():
+        if name.startswith("GPULEDGER_GATEWAY"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("GPULEDGER_GATEWAY_PICKER_TOKEN_FILE", str(token))
+    monkeypatch.setenv("GPULEDGER_GATEWAY_PICKER_CA_FILE", str(tmp_path / "ca.crt"))
+    args = build_parser().parse_args(["serve", "--mode", "cluster", "--kubernetes", "on"])
+    config = serve_config(args)
+    assert config.gateway is True
+    assert config.gateway_picker_urls == (
+        ("llm/pool-b", "https://pool-b-epp.llm.svc:9090/metrics"),
+    )
+    assert config.gateway_picker_token == "picker-token-canary"
+    assert "picker-token-canary" not in repr(config)
