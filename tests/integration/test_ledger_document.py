@@ -42,6 +42,7 @@ def test_the_demo_document_is_the_json_it_was() -> None:
     # a source and the spans are in the document; its engine is at --max-num-seqs 48 with
     # KV headroom (62%) instead of KV-bound (93% of a 256-slot batch).
     assert now.pop("spans")["receiving"] is True
+    assert now.pop("gateway") == {"pools": []}  # added since (issue 23): a node has none
     now["sources"] = [s for s in now["sources"] if s["source"] != "otlp"]
     (engine,) = now["engines"]
     assert (engine["kv_cache_usage_ratio"], engine["config"]["max_num_seqs"]) == (0.62, "48")
