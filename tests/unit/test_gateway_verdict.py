@@ -19,6 +19,7 @@ from gpuledger.document.v1 import (
 )
 from gpuledger.explain.chain import explain, render_text, verdicts
 from gpuledger.explain.verdict import Thresholds
+from gpuledger.web.cluster_page import gateway_table
 
 PODS = ("vllm-a-x", "vllm-a-y", "vllm-a-z")
 KEY = ("llm", "vllm-a")
@@ -173,3 +174,17 @@ def test_a_pool_without_ready_members_says_so_on_its_endpoints() -> None:
     docs = [node_doc(0, 0), cluster_doc(0, ready=False)]
     text = render_text(explain(docs, workload="llm/vllm-a"))
     assert text.count("NOT READY") == 3
+
+
+def test_the_cluster_page_shows_each_pools_queue_beside_its_engines_queues() -> None:
+    empty = replace(cluster_doc(0).gateway.pools[0], name="pool-empty", members=(), picker=None)
+    cluster = cluster_doc(30)
+    cluster = replace(cluster, gateway=GatewayDoc(pools=(*cluster.gateway.pools, empty)))
+    html = gateway_table([node_doc(2, 8), cluster])
+    assert "<h2>Gateway: InferencePools</h2>" in html
+    row_a, row_empty = html.split("<tr><td>llm/")[1:]
+    assert "30, saturation 0.2" in row_a and "3 of 3 Ready" in row_a
+    assert "3 engine(s): 6 waiting, 24 running" in row_a
+    assert '<a href="ledger?workload=llm%2Fvllm-a">llm/vllm-a</a>' in row_a
+    assert "no ready endpoint" in row_empty and "picker not read" in row_empty
+    assert gateway_table([node_doc(0, 0)]) == ""  # no pools: no table
