@@ -313,3 +313,26 @@ def test_without_a_picker_token_no_authorization_is_sent(picker_server: str) -> 
     source.close()
     assert snapshot.readings[0].up
     assert _Picker.seen == [("ok", None)]
+
+
+def test_a_service_that_failed_to_answer_is_asked_again_next_cycle_a_missing_one_in_a_minute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source, calls = _source(monkeypatch)
+    original = pools.kubeapi.list_objects
+    failing = {"now": True}
+
+    def flaky(client: Any, path: str, **params: Any) -> Any:
+        if path.endswith("/services/pool-a-epp") and failing["now"]:
+            calls.append((path, params))
+            raise ApiException(status=500, reason="Internal Server Error")
+        return original(client, path, **params)
+
+    monkeypatch.setattr(pools.kubeapi, "list_objects", flaky)
+    first = {p.name: p for p in source.fetch().pools}
+    assert first["pool-a"].picker_metrics_url is None
+    failing["now"] = False
+    second = {p.name: p for p in source.fetch().pools}
+    assert second["pool-a"].picker_metrics_url == "http://10.96.0.50:9090/metrics"
+    # pool-b's Service is missing (404): asked once, not every cycle.
+    assert sum(1 for path, _ in calls if path.endswith("/services/pool-b-epp")) == 1

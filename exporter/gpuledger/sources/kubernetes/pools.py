@@ -15,8 +15,10 @@ serve the API (404) has no pools: the source reports itself not configured.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -40,7 +42,8 @@ __all__ = ["InferencePoolSource", "picker_url", "pool_of"]
 API = "/apis/inference.networking.k8s.io/v1"
 MAX_POOLS = 5_000
 MAX_MEMBERS = 2_000  # per pool
-MAX_SELECTOR_LABELS = 64  # the CRD's bound on matchLabels
+MAX_SELECTOR_LABELS = 64
+MAX_WORKERS = 8  # member lists at once  # the CRD's bound on matchLabels
 METRICS_PORT_NAME = "http-metrics"
 DEFAULT_METRICS_PORT = 9090
 SERVICE_TTL_SECONDS = 60.0
@@ -162,6 +165,7 @@ class InferencePoolSource(Source[PoolsSnapshot]):
         self._max_page_bytes = max_page_bytes
         # (namespace, service) -> (its metrics URL or None when unreadable, read at)
         self._services: dict[tuple[str, str], tuple[str | None, float]] = {}
+        self._pool_executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def fetch(self, inputs: Snapshots | None = None) -> PoolsSnapshot:
         if self._client is None:
@@ -177,15 +181,46 @@ class InferencePoolSource(Source[PoolsSnapshot]):
             raise
         except Exception as exc:
             raise SourceError(*_describe_error(exc, host)) from None
-        pools = [self._resolve(reader, spec, deadline) for spec in specs]
+        urls = [self._metrics_url(reader, spec, deadline) for spec in specs]
+        members = self._all_members(reader, specs, deadline)
         self._forget_services({(p.namespace, p.picker.service) for p in specs if p.picker})
+        pools = [
+            self._pool(spec, url, *found)
+            for spec, url, found in zip(specs, urls, members, strict=True)
+        ]
         return PoolsSnapshot(tuple(sorted(pools, key=lambda p: (p.namespace, p.name))))
+
+    def _all_members(
+        self, reader: ListReader, specs: Sequence[_PoolSpec], deadline: float
+    ) -> list[tuple[tuple[PoolMember, ...], str | None]]:
+        """Every pool's members, listed MAX_WORKERS at a time under the fetch's deadline
+        (one list per pool: a cycle costs as many lists as there are pools)."""
+        if not specs:
+            return []
+        executor = self._executor()
+        futures = [
+            executor.submit(self.cpu.run, functools.partial(self._members, reader, s, deadline))
+            for s in specs
+        ]
+        done, _ = concurrent.futures.wait(
+            futures, timeout=max(0.0, deadline - time.monotonic()) + 0.5
+        )
+        return [f.result() if f in done else ((), "timeout") for f in futures]
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool_executor is None:
+            self._pool_executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=MAX_WORKERS, thread_name_prefix="pool-members"
+            )
+        return self._pool_executor
 
     def item_errors(self, snapshot: PoolsSnapshot) -> Iterable[str]:
         return [p.members_error for p in snapshot.pools if p.members_error]
 
-    def _resolve(self, reader: ListReader, spec: _PoolSpec, deadline: float) -> InferencePool:
-        members, error = self._members(reader, spec, deadline)
+    @staticmethod
+    def _pool(
+        spec: _PoolSpec, url: str | None, members: tuple[PoolMember, ...], error: str | None
+    ) -> InferencePool:
         return InferencePool(
             namespace=spec.namespace,
             name=spec.name,
@@ -193,7 +228,7 @@ class InferencePoolSource(Source[PoolsSnapshot]):
             selector=spec.selector,
             target_ports=spec.target_ports,
             picker=spec.picker,
-            picker_metrics_url=self._metrics_url(reader, spec, deadline),
+            picker_metrics_url=url,
             members=members,
             members_error=error,
             accepted=spec.accepted,
@@ -239,9 +274,13 @@ class InferencePoolSource(Source[PoolsSnapshot]):
             f"{quote(spec.picker.service, safe='')}"
         )
         try:
-            url: str | None = picker_url(reader.get(path, deadline), *key)
-        except Exception:  # a missing or unreadable Service: no picker to read this minute
-            url = None
+            url = picker_url(reader.get(path, deadline), *key)
+        except ApiException as exc:
+            if exc.status == _HTTP_NOT_FOUND:  # no such Service: asked again in a minute
+                self._services[key] = (None, now)
+            return None
+        except Exception:  # unreadable this cycle (a timeout, a bad answer): asked again next
+            return None
         self._services[key] = (url, now)
         return url
 
@@ -263,6 +302,9 @@ class InferencePoolSource(Source[PoolsSnapshot]):
         return SourceError(*_describe_error(exc, host))
 
     def close(self) -> None:
+        if self._pool_executor is not None:
+            self._pool_executor.shutdown(wait=False, cancel_futures=True)
+            self._pool_executor = None
         if self._owns_client and self._client is not None:
             self._client.close()
             self._client = None
