@@ -17,16 +17,16 @@ misbehaves on request: see :data:`FAULTS`. State and fault change while it runs.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import socket
 import statistics
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Final, Literal, get_args
+from typing import Final, Literal, get_args
+
+from gpuledger.sim.fake_vllm import FakeVllmServer
+from gpuledger.sim.fake_vllm import Fault as ServerFault
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -50,7 +50,7 @@ Fault = Literal[
     "http_500",
     "garbage",  # 200 with an HTML page: not an exposition
     "huge",  # 200 streaming an exposition padded to `huge_bytes` (50 MB), no Content-Length
-    "slow",  # headers at once, then the body a byte a second
+    "slow",  # headers at once, then a twentieth of the body every `slow_seconds`
 ]
 FAULTS: Final[tuple[Fault, ...]] = get_args(Fault)
 DEFAULT_MODEL: Final = "meta-llama/Llama-3.1-8B-Instruct"
@@ -398,101 +398,9 @@ def build(names: Names) -> tuple[str, str]:
 
 # -------------------------------------------------------------------------- server
 
-_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-_GARBAGE = b"<html><head><title>502 Bad Gateway</title></head><body>upstream gone</body></html>\n"
-_PAD_LINE = b"# padding: a picker that keeps writing must be cut off by the scraper's cap\n"
-
-
-class _Server(ThreadingHTTPServer):
-    # Non-daemon handler threads, joined by server_close(): stop() leaks no thread.
-    daemon_threads = False
-    block_on_close = True
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], owner: FakePicker) -> None:
-        self.owner = owner
-        super().__init__(address, _Handler)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = 10  # a client that connects and sends nothing is dropped
-    server_version = "Go-http-client"
-    sys_version = ""
-
-    def setup(self) -> None:
-        super().setup()
-        self.server.owner._track(self.connection, add=True)
-
-    def finish(self) -> None:
-        with contextlib.suppress(OSError):
-            super().finish()
-        self.server.owner._track(self.connection, add=False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        owner = self.server.owner
-        fault, state = owner._begin(self.headers.get("Authorization"))
-        try:
-            if fault == "hang":
-                owner._hold()
-                self.close_connection = True
-                return
-            if owner.token is not None and not owner._authorized(self.headers.get("Authorization")):
-                self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8")
-                return
-            if self.path.split("?", 1)[0] != METRICS_PATH:
-                self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
-                return
-            if fault == "http_500":
-                self._send(500, b"Internal Server Error\n", "text/plain; charset=utf-8")
-            elif fault == "garbage":
-                self._send(200, _GARBAGE, "text/html; charset=utf-8")
-            elif fault == "huge":
-                self._stream_huge(owner, render_picker(state).encode())
-            elif fault == "slow":
-                self._trickle(owner, render_picker(state).encode())
-            else:
-                self._send(200, render_picker(state).encode(), _TEXT)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            pass  # the scraper gave up (cap, deadline): expected
-
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _stream_huge(self, owner: FakePicker, body: bytes) -> None:
-        # No Content-Length: the body ends when we close, so only a streamed cap stops it.
-        self.close_connection = True
-        self.send_response(200)
-        self.send_header("Content-Type", _TEXT)
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-        block = _PAD_LINE * (256 * 1024 // len(_PAD_LINE))
-        sent = len(body)
-        while sent < owner.huge_bytes and not owner._stopping.is_set():
-            piece = block[: owner.huge_bytes - sent]
-            self.wfile.write(piece)
-            sent += len(piece)
-
-    def _trickle(self, owner: FakePicker, body: bytes) -> None:
-        """The whole length announced, then a byte every `slow_seconds`."""
-        self.send_response(200)
-        self.send_header("Content-Type", _TEXT)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        for i in range(len(body)):
-            self.wfile.write(body[i : i + 1])
-            self.wfile.flush()
-            if owner._stopping.wait(owner.slow_seconds):
-                self.close_connection = True
-                return
+# The HTTP side is the fake engines' (fake_vllm.FakeVllmServer: faults, token, clean stop);
+# a picker's `slow` is its `trickle`, one twentieth of the body every `slow_seconds`.
+_SERVER_FAULT: Final[Mapping[str, ServerFault]] = {"slow": "trickle"}
 
 
 class FakePicker:
@@ -512,38 +420,28 @@ class FakePicker:
         huge_bytes: int = HUGE_BYTES,
         slow_seconds: float = 1.0,
     ) -> None:
-        self.host = host
-        self.token = token
-        self.huge_bytes = huge_bytes
-        self.slow_seconds = slow_seconds
+        self._lock = threading.Lock()
         self._state = state
         self._fault: Fault = fault
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._stopping = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._httpd: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._port = 0
-        self.requests = 0
-        self.authorizations: list[str | None] = []  # each request's Authorization header
+        self._server = FakeVllmServer(
+            (),
+            path=METRICS_PATH,
+            fault=_SERVER_FAULT.get(fault, fault),
+            gzip_enabled=False,
+            slow_seconds=20 * slow_seconds,
+            huge_bytes=huge_bytes,
+            host=host,
+            render=lambda _engines: render_picker(self.state),
+            token=token,
+        )
 
     # -- lifecycle
     def start(self) -> FakePicker:
-        self._stopping.clear()
-        if self._fault != "refuse":
-            self._listen()
-        else:  # reserve a port number: the Service names it before the picker listens
-            with socket.socket() as probe:
-                probe.bind((self.host, 0))
-                self._port = probe.getsockname()[1]
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
-        with self._changed:
-            self._changed.notify_all()
-        self._unlisten()
+        self._server.stop()
 
     def __enter__(self) -> FakePicker:
         return self.start()
@@ -552,12 +450,29 @@ class FakePicker:
         self.stop()
 
     @property
+    def host(self) -> str:
+        return self._server.host
+
+    @property
+    def token(self) -> str | None:
+        return self._server.token
+
+    @property
     def port(self) -> int:
-        return self._port
+        return self._server.port
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self._port}{METRICS_PATH}"
+        return self._server.url
+
+    @property
+    def requests(self) -> int:
+        return self._server.requests_served
+
+    @property
+    def authorizations(self) -> list[str | None]:
+        """Each request's Authorization header."""
+        return self._server.authorizations
 
     @property
     def state(self) -> FakePickerState:
@@ -578,70 +493,6 @@ class FakePicker:
         chosen = next((f for f in FAULTS if f == fault), None)
         if chosen is None:
             raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
-        with self._changed:
-            previous, self._fault = self._fault, chosen
-            self._changed.notify_all()
-        if chosen == "refuse" and previous != "refuse":
-            self._unlisten()
-        elif previous == "refuse" and chosen != "refuse" and not self._stopping.is_set():
-            self._listen()  # the same port: the Service still names it
-
-    # -- internals
-    def _begin(self, authorization: str | None) -> tuple[Fault, FakePickerState]:
         with self._lock:
-            self.requests += 1
-            self.authorizations.append(authorization)
-            return self._fault, self._state
-
-    def _authorized(self, header: str | None) -> bool:
-        scheme, _, value = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and value.strip() == self.token
-
-    def _hold(self) -> None:
-        """`hang`: wait until the fault changes or the picker stops, answering nothing."""
-        with self._changed:
-            while self._fault == "hang" and not self._stopping.is_set():
-                self._changed.wait(0.5)
-
-    def _listen(self) -> None:
-        if self._httpd is not None:
-            return
-        self._httpd = _Server((self.host, self._port), self)
-        self._port = self._httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"fake-picker-{self._port}",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def _unlisten(self) -> None:
-        httpd, thread = self._httpd, self._thread
-        self._httpd, self._thread = None, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:  # wake handlers blocked on a silent client or a trickle
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        if not self._stopping.is_set():
-            # Handlers in `slow` wait on _stopping: release them so close can join.
-            self._stopping.set()
-            with self._changed:
-                self._changed.notify_all()
-            httpd.server_close()
-            self._stopping.clear()
-        else:
-            httpd.server_close()
-        if thread is not None:
-            thread.join()
-
-    def _track(self, conn: socket.socket, *, add: bool) -> None:
-        with self._lock:
-            if add:
-                self._conns.add(conn)
-            else:
-                self._conns.discard(conn)
+            self._fault = chosen
+        self._server.set_fault(_SERVER_FAULT.get(chosen, chosen))

@@ -519,8 +519,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         owner = self.server.owner
         fault, engines, path = owner._state()
-        owner._count_request()
+        owner._count_request(self.headers.get("Authorization"))
         try:
+            if owner.token is not None and fault != "hang" and not owner._authorized(self.headers):
+                self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8")
+                return
             asked = self.path.split("?", 1)[0]
             document, document_fault = owner._document(asked)
             if document is not None:
@@ -635,10 +638,15 @@ class FakeVllmServer:
         render: Callable[[Sequence[FakeEngine]], str] = render_exposition,
         documents: Mapping[str, Callable[[], bytes]] | None = None,
         document_fault: Fault = "ok",
+        token: str | None = None,
     ) -> None:
         """`render`: the exposition of the engines, of this fake's kind by default (the
-        HTTP side and its faults are every kind's). `documents`: other paths it answers
-        (JSON, such as SGLang's `/server_info`), under their own `document_fault`."""
+        HTTP side and its faults are every kind's, and the endpoint picker's: fake_picker.py).
+        `documents`: other paths it answers (JSON, such as SGLang's `/server_info`), under
+        their own `document_fault`. `token`: answer 401 without `Authorization: Bearer
+        <token>` (every request's header is kept in `authorizations`)."""
+        self.token = token
+        self.authorizations: list[str | None] = []
         self.render = render
         self.documents: Mapping[str, Callable[[], bytes]] = dict(documents or {})
         self.document_fault: Fault = document_fault
@@ -762,9 +770,14 @@ class FakeVllmServer:
         with self._lock:
             return self.documents.get(path), self.document_fault
 
-    def _count_request(self) -> None:
+    def _count_request(self, authorization: str | None) -> None:
         with self._lock:
             self.requests_served += 1
+            self.authorizations.append(authorization)
+
+    def _authorized(self, headers: Any) -> bool:
+        scheme, _, value = (headers.get("Authorization") or "").partition(" ")
+        return scheme.lower() == "bearer" and value.strip() == self.token
 
     def _note_encoding(self, encoding: str) -> None:
         with self._lock:
