@@ -1034,59 +1034,23 @@ class FakeApiServer:
     ) -> tuple[int, dict[str, Any]]:
         with self._cond:
             self.requests["list"] += 1
-            token = query.get("continue")
-            if token and query.get("resourceVersion"):
-                return 400, _status(
-                    400,
-                    "BadRequest",
-                    "specifying resource version is not allowed when using continue",
-                )
             if query.get("resourceVersionMatch") and not query.get("resourceVersion"):
                 return 400, _status(
                     400,
                     "BadRequest",
                     "resourceVersionMatch is forbidden unless resourceVersion is provided",
                 )
-            if token:
-                try:
-                    decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
-                    snapshot_id, offset = str(decoded["id"]), int(decoded["offset"])
-                except (ValueError, KeyError, TypeError):
-                    return 400, _status(400, "BadRequest", "continue key is not valid")
-                if snapshot_id not in self._snapshots:
-                    return 410, _status(
-                        410,
-                        "Expired",
-                        "The provided continue parameter is too old to display a consistent "
-                        "list result. You can start a new list without the continue parameter.",
-                    )
-                rv, items = self._snapshots[snapshot_id]
-            else:
-                rv = self._rv
-                items = [
+            # A continued list pages its first page's snapshot: nothing to select again.
+            items = (
+                []
+                if query.get("continue")
+                else [
                     copy.deepcopy(p)
                     for _, p in sorted(self._pods.items())
                     if _matches(p, requirements)
                 ]
-                snapshot_id, offset = uuid.uuid4().hex, 0
-            try:
-                limit = int(query.get("limit") or 0)
-            except ValueError:
-                return 400, _status(400, "BadRequest", "invalid limit")
-            page = items[offset : offset + limit] if limit > 0 else items[offset:]
-            metadata: dict[str, Any] = {"resourceVersion": str(rv)}
-            next_offset = offset + len(page)
-            if next_offset < len(items):
-                self._snapshots[snapshot_id] = (rv, items)
-                if len(self._snapshots) > 64:  # abandoned paged lists: forget the oldest
-                    del self._snapshots[next(iter(self._snapshots))]
-                metadata["continue"] = base64.urlsafe_b64encode(
-                    json.dumps({"id": snapshot_id, "offset": next_offset}).encode()
-                ).decode()
-                metadata["remainingItemCount"] = len(items) - next_offset
-            else:
-                self._snapshots.pop(snapshot_id, None)
-        return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": page}
+            )
+            return self._page(query, items, "PodList", "v1")
 
     def _serve_watch(
         self, handler: _Handler, query: Mapping[str, str], requirements: Sequence[_Requirement]
