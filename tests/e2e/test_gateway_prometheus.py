@@ -17,6 +17,7 @@ alerts never fire together.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,10 +31,20 @@ from tests.e2e.prom_harness import (
     free_port,
     mixin_config,
     prometheus_binary,
+    substitute,
     zero_for_rules,
 )
 
 SCENARIOS = REPO / "tests" / "fixtures" / "scenarios"
+WAITING = REPO / "mixin" / "rendered" / "dashboards" / "gpuledger-where-waiting.json"
+# The Where-waiting dashboard's gateway row (mixin/dashboards/waiting.libsonnet).
+GATEWAY_PANELS = frozenset(
+    {
+        "Gateway: held by the picker vs waiting in its engines",
+        "Gateway: ready endpoints, the picker's and Kubernetes'",
+        "Gateway: pool saturation",
+    }
+)
 NODE_SCENARIO = SCENARIOS / "gateway-node.yaml"
 CLUSTER_SCENARIO = SCENARIOS / "gateway-cluster.yaml"
 PHASE_AT = 60.0  # both scenarios' second phase (engines-full, passing-through)
@@ -148,3 +159,20 @@ def test_once_engines_queue_behind_a_passing_picker_only_the_engine_alert_fires(
     for _ in range(3):
         stack.prom.wait_next_evaluation()
         assert _firing(stack.prom) == want
+
+
+def test_the_dashboards_gateway_row_shows_the_pools_and_their_engines(stack: Stack) -> None:
+    """Every query of the Where-waiting dashboard's gateway row, with its variables at All,
+    answers with data for pool-a (tests/e2e/test_prometheus.py leaves them to this stack)."""
+    panels = [
+        p
+        for row in json.loads(WAITING.read_text())["panels"]
+        for p in [row, *row.get("panels", [])]
+        if p.get("title") in GATEWAY_PANELS
+    ]
+    assert {p["title"] for p in panels} == GATEWAY_PANELS
+    for panel in panels:
+        for target in panel["targets"]:
+            found = stack.prom.query(substitute(target["expr"], {}))
+            pools = {s["metric"].get("pool") for s in found}
+            assert "pool-a" in pools, (panel["title"], target["expr"], found)

@@ -55,6 +55,7 @@ from tests.e2e.prom_harness import (
     variables_used,
     zero_for_rules,
 )
+from tests.e2e.test_gateway_prometheus import GATEWAY_PANELS
 from tests.mixin.test_ray_engine_footprint import WAITING, ray_executor_panels
 
 SCENARIOS = REPO / "tests" / "fixtures" / "scenarios"
@@ -461,6 +462,9 @@ SYNTHETIC_ONLY = frozenset(
         "Queue time, p99",
         "Time to first token, p99",
     }
+    # The scenarios have no InferencePools: tests/e2e/test_gateway_prometheus.py checks the
+    # gateway row against the gateway scenarios' series.
+    | GATEWAY_PANELS
 )
 
 
