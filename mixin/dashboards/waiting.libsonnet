@@ -244,7 +244,7 @@ local g = import '../lib/dashboards.libsonnet';
               ],
             ),
             g.timeseries(
-              'Gateway: ready endpoints, the picker\'s and Kubernetes\'',
+              "Gateway: ready endpoints, the picker's and Kubernetes'",
               "Endpoints the picker counts ready (metrics fresh enough to pick them: gpuledger_gateway_picker_ready_endpoints) against the pool's Ready member pods (gpuledger_inference_pool_member). The picker below Kubernetes: it cannot read some engines' metrics. Both 0: GpuLedgerInferencePoolNoReadyEndpoints.",
               'short',
               [
