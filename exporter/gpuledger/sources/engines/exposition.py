@@ -110,6 +110,11 @@ def _keep_line(line: str, wanted: tuple[str, ...]) -> bool:
     return False
 
 
+# What of a piece's end MarkerLines keeps looking at: a line break, blanks and the start of
+# a marker.
+_TAIL_CHARS = 256
+
+
 class MarkerLines:
     """Whether any line of a text read piece by piece starts with one of `markers`: the
     answer looks_like gives for the whole text, holding a few characters between pieces."""
@@ -117,6 +122,7 @@ class MarkerLines:
     def __init__(self, markers: tuple[str, ...]) -> None:
         if not markers or not all(markers):
             raise ValueError("at least one marker, none empty")
+        self.markers = markers
         self.seen = False
         self._open = "\n"  # the text begins at a line start
         self._line = re.compile(f"[{_LINE_BREAKS}]{_BLANKS}(?:{_alternatives(set(markers))})")
@@ -130,8 +136,13 @@ class MarkerLines:
         if self.seen or not text:
             return
         window = self._open + text
-        self.seen = self._line.search(window) is not None
-        tail = self._line_open.search(window)
+        # No marker anywhere (a substring test at C speed): no marked line in this piece,
+        # only its end may begin one. Most of a padded or hostile body is such pieces.
+        if any(m in window for m in self.markers):
+            self.seen = self._line.search(window) is not None
+        # The line a marker may begin at the piece's end starts within its last few
+        # characters: searched there only (blanks longer than that are hostile text).
+        tail = self._line_open.search(window[-_TAIL_CHARS:])
         self._open = "\n" + (tail.group(1) or "") if tail is not None else ""
 
 
