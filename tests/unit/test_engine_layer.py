@@ -39,6 +39,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("sim/scenario.py", "fake_vllm"): "the style check reads each kind's fake's styles",
     ("sim/fake_sglang.py", "gpuledger.sim.fake_vllm"): "the fakes share one HTTP server",
     ("sim/fake_sglang.py", "FakeVllmServer"): "the fakes share one HTTP server",
+    ("sim/fake_picker.py", "gpuledger.sim.fake_vllm"): "the picker's fake shares that server",
+    ("sim/fake_picker.py", "FakeVllmServer"): "the picker's fake shares that server",
     ("cli/flags.py", "--vllm-target"): "a CLI flag users type",
     ("cli/flags.py", "--vllm-discovery"): "a CLI flag users type",
     ("cli/flags.py", "VLLM_TARGETS"): "an environment variable users set",
