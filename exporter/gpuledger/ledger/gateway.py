@@ -25,10 +25,6 @@ class Pool:
     pool: InferencePool
     picker: PickerReading | None
 
-    @property
-    def ready_members(self) -> int:
-        return sum(1 for m in self.pool.members if m.ready)
-
 
 def build_pools(pools: PoolsSnapshot | None, pickers: PickersSnapshot | None) -> tuple[Pool, ...]:
     """Every pool, sorted by namespace and name, with its picker's reading (the ledger's
