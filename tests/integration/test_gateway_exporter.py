@@ -22,7 +22,7 @@ def test_the_cluster_view_exports_its_pools_members_and_pickers(tmp_path: Path) 
     try:
         found = sim.settle()
     finally:
-        sim.node.close()
+        sim.close()
     assert value(found, "gpuledger_source_up", source="inferencepools") == 1
     assert value(found, "gpuledger_source_up", source="picker") == 1
     pools = {s[1]["pool"]: s[1] for s in pick(found, "gpuledger_inference_pool_info")}
@@ -73,7 +73,7 @@ def test_hostile_pickers_cost_only_their_own_series_and_the_cycle_keeps_its_dead
         found = sim.scrape()
         took = time.monotonic() - started
     finally:
-        sim.node.close()
+        sim.close()
     # The picker source's deadline is the engines' (3 s here): hung and trickling pickers
     # end with it, and the cycle with them; a 50 MB answer stops at the byte cap.
     assert took < 3.0 + 2.0, took
@@ -96,7 +96,7 @@ def test_a_cluster_without_the_inference_extension_reports_it_not_configured(
     try:
         found = sim.settle()
     finally:
-        sim.node.close()
+        sim.close()
     states = {
         s[1]["state"]: s[2] for s in pick(found, "gpuledger_source_state", source="inferencepools")
     }
