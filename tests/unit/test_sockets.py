@@ -1,10 +1,12 @@
-"""Listening sockets from /proc: the table parser on real lines, fd links, namespaces."""
+"""Sockets from /proc: the table parser on real lines, fd links, namespaces; the
+listening ones (identity rule 6) and the established ones a span sender holds (rule 10)."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -13,12 +15,13 @@ import pytest
 from gpuledger.identity.cgroup import NO_IDENTITY
 from gpuledger.identity.sockets import (
     parse_address,
+    parse_connection,
     parse_link,
     parse_listener,
     serves,
     split_endpoint,
 )
-from gpuledger.model.procfs import ListenSocket, ProcessInfo, ProcessSockets
+from gpuledger.model.procfs import HeldConnection, ListenSocket, ProcessInfo, ProcessSockets
 from gpuledger.sources.procfs import sockets as procfs_sockets
 from gpuledger.sources.procfs.sockets import BoundSockets, api_servers, read_sockets
 
@@ -44,6 +47,55 @@ def test_real_table_lines_give_each_listener_its_address_and_port() -> None:
     assert found == want
     # Established and TIME_WAIT lines (inode 0) are no listeners.
     assert not {e["inode"] for e in expected if not e["listening"]} & set(found)
+
+
+def test_real_established_lines_give_both_ends_and_skip_time_wait() -> None:
+    # The capture's loopback connection: the client end (inode 1324649, port 47266) and
+    # the accepted end (1324650) of the listener on 48293; TIME_WAIT (inode 0) is none.
+    lines = (FIXTURES / "tcp").read_text().splitlines()
+    found = dict(c for c in (parse_connection(line, "little") for line in lines) if c)
+    assert found == {
+        1324649: HeldConnection("127.0.0.1", 47266, 48293),
+        1324650: HeldConnection("127.0.0.1", 48293, 47266),
+    }
+
+
+def test_live_connection_is_found_held_by_this_process() -> None:
+    """Connect to a listener here and find the client's end the way the procfs source
+    looks for a span sender's: by its address, its port and the far end's port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    try:
+        here, there = client.getsockname(), listener.getsockname()
+        end = HeldConnection("127.0.0.1", here[1], there[1])
+        other = HeldConnection("127.0.0.1", here[1] + 1, there[1])
+        pid = os.getpid()
+        got = BoundSockets().read("/proc", [pid], time.monotonic() + 5, frozenset({end, other}))
+        assert got[pid].state == "read"
+        assert got[pid].connections == (end,)
+        assert ListenSocket("127.0.0.1", there[1]) in got[pid].listening
+    finally:
+        for s in (accepted, client, listener):
+            s.close()
+
+
+def test_live_ipv4_mapped_connection_in_tcp6_is_found_as_its_ipv4_end() -> None:
+    """An IPv6 socket connected to ::ffff:127.0.0.1 is listed in tcp6 in the mapped form;
+    the receiver names its peer 127.0.0.1 (gRPC's `ipv6:[::ffff:127.0.0.1]:…` normalised)."""
+    listener = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    client = socket.socket(socket.AF_INET6)
+    try:
+        client.connect(("::ffff:127.0.0.1", listener.getsockname()[1]))
+        accepted, _ = listener.accept()
+        end = HeldConnection("127.0.0.1", client.getsockname()[1], listener.getsockname()[1])
+        pid = os.getpid()
+        got = BoundSockets().read("/proc", [pid], time.monotonic() + 5, frozenset({end}))
+        assert got[pid].connections == (end,)
+        accepted.close()
+    finally:
+        client.close()
+        listener.close()
 
 
 def test_live_table_and_fd_links_of_this_process() -> None:
@@ -196,6 +248,51 @@ def test_reading_stops_at_the_first_established_line(tmp_path: Path) -> None:
     _root(tmp_path, 10, 1, [501, 502, 504], tcp)
     got = read_sockets(str(tmp_path), [10], time.monotonic() + 5)[10]
     assert [s.port for s in got.listening] == [0x1F40, 0x1F41]
+
+
+def _connection_line(n: int, local: str, remote: str, inode: int) -> str:
+    return _line(n, local, "01", inode).replace("00000000:0000", remote, 1)
+
+
+def hex_end(ip: tuple[int, int, int, int], port: int) -> str:
+    """An IPv4 end as this machine's kernel writes it (the parser reads sys.byteorder)."""
+    return f"{int.from_bytes(bytes(ip), sys.byteorder):08X}:{port:04X}"
+
+
+def test_wanted_connections_are_read_past_the_listeners(tmp_path: Path) -> None:
+    sender = hex_end((10, 0, 0, 5), 41234)
+    tcp = _table(
+        [
+            _line(0, "00000000:1F40", "0A", 501),
+            _connection_line(1, sender, hex_end((10, 0, 0, 1), 4317), 601),  # to the receiver
+            _connection_line(2, sender, hex_end((10, 0, 0, 1), 9000), 602),  # same end, elsewhere
+            _connection_line(3, hex_end((10, 0, 0, 5), 8000), hex_end((10, 0, 0, 9), 5555), 603),
+        ]
+    )
+    _root(tmp_path, 10, 1, [501, 601, 603], tcp)
+    wanted = frozenset({HeldConnection("10.0.0.5", 41234, 4317)})
+    got = BoundSockets().read(str(tmp_path), [10], time.monotonic() + 5, wanted)[10]
+    assert got.listening == (ListenSocket("0.0.0.0", 0x1F40),)
+    assert got.connections == (HeldConnection("10.0.0.5", 41234, 4317),)
+    # Not held by the server (inode 602 is another process's): not its connection.
+    _root(tmp_path, 20, 1, [602], tcp)
+    assert (
+        BoundSockets().read(str(tmp_path), [20], time.monotonic() + 5, wanted)[20].connections == ()
+    )
+
+
+def test_while_connections_are_wanted_a_bound_server_is_read_again(tmp_path: Path) -> None:
+    tcp = _table([_line(0, "00000000:1F40", "0A", 501)])
+    _root(tmp_path, 10, 1, [501], tcp)
+    _start(tmp_path, 10, 4242)
+    bound = BoundSockets()
+    assert bound.read(str(tmp_path), [10], time.monotonic() + 5)[10].listening
+    end = HeldConnection("127.0.0.1", 41234, 4317)
+    line = _connection_line(1, hex_end((127, 0, 0, 1), 41234), hex_end((127, 0, 0, 1), 4317), 601)
+    (tmp_path / "10" / "net" / "tcp").write_text(tcp + line + "\n")
+    os.symlink("socket:[601]", tmp_path / "10" / "fd" / "9")
+    got = bound.read(str(tmp_path), [10], time.monotonic() + 5, frozenset({end}))[10]
+    assert got.connections == (end,)
 
 
 def test_table_lines_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

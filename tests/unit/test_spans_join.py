@@ -1,6 +1,7 @@
-"""Identity rule 10: a span is tied to its engine by who sent it (the sender's pod and the
-API server's NSpid, or a loopback host process's PID), and left untied, with the reason,
-whenever that does not name exactly one engine."""
+"""Identity rule 10: a span is tied to its engine by who sent it (the API server holding
+the connection it came over; else the sender's pod and the API server's NSpid, or a
+loopback host process's PID), and left untied, with the reason, whenever that does not
+name exactly one engine."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from gpuledger.ledger.engines import Engine
 from gpuledger.ledger.spans import EngineHistory, engine_history, tie_sender
 from gpuledger.model.engines import EngineMetrics
 from gpuledger.model.kubernetes import PodInfo, PodsSnapshot
-from gpuledger.model.procfs import CgroupIdentity, ProcessInfo
-from gpuledger.model.spans import SpanSender
+from gpuledger.model.procfs import CgroupIdentity, HeldConnection, ProcessInfo, ProcessSockets
+from gpuledger.model.spans import SpanPeer, SpanSender
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
 UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
@@ -123,6 +124,97 @@ def test_two_host_network_pods_on_one_ip_are_told_apart_by_the_namespace_pid() -
     both_one = {500: process(500, (500, 1), UID_A), 600: process(600, (600, 1), UID_B)}
     tie = tie_sender(sender("192.168.1.5", 1), engines, both_one, shared)
     assert tie.engine is None and tie.reason.startswith("2 API servers")
+
+
+# A hostNetwork engine exporting to the agent on loopback: its API server is PID 1 in its
+# own PID namespace (not a host process), so no PID rule can name it; its socket can.
+HOSTNET_PROCS = {
+    900: process(900, (900, 1), UID_A),
+    950: process(950, (950, 1), UID_B),
+}
+CONNECTION = SpanPeer("127.0.0.1", 41234, 4317)
+HELD = HeldConnection("127.0.0.1", 41234, 4317)
+
+
+def sockets(**held: tuple[HeldConnection, ...]) -> dict[int, ProcessSockets]:
+    return {int(pid[1:]): ProcessSockets("read", (), 1, conns) for pid, conns in held.items()}
+
+
+def test_the_api_server_holding_the_senders_connection_sent_its_spans() -> None:
+    engines = [engine(900, target="127.0.0.1:8000"), engine(950, UID_B, target="127.0.0.1:8001")]
+    owned = sockets(p900=(), p950=(HELD,))
+    tie = tie_sender(
+        sender("127.0.0.1", 1), engines, HOSTNET_PROCS, PODS, connection=CONNECTION, sockets=owned
+    )
+    assert (tie.rule, tie.engine) == ("peer_socket", engines[1])
+    # Without the socket, the loopback rule finds no host process with PID 1.
+    tie = tie_sender(sender("127.0.0.1", 1), engines, HOSTNET_PROCS, PODS)
+    assert (tie.rule, tie.engine) == ("none", None)
+    # The socket needs no vllm.process_id (an engine version or Collector without it).
+    tie = tie_sender(
+        sender("127.0.0.1", None),
+        engines,
+        HOSTNET_PROCS,
+        PODS,
+        connection=CONNECTION,
+        sockets=owned,
+    )
+    assert tie.engine == engines[1]
+
+
+def test_a_socket_that_contradicts_the_spans_pid_ties_nothing() -> None:
+    engines = [engine(950, UID_B, target="127.0.0.1:8001")]
+    tie = tie_sender(
+        sender("127.0.0.1", 7),
+        engines,
+        HOSTNET_PROCS,
+        PODS,
+        connection=CONNECTION,
+        sockets=sockets(p950=(HELD,)),
+    )
+    assert (tie.rule, tie.engine) == ("none", None)
+    assert "vllm.process_id 7" in tie.reason and "API server 950" in tie.reason
+
+
+def test_a_connection_no_one_or_several_hold_leaves_it_to_the_other_rules() -> None:
+    procs = {500: process(500, (500, 1), UID_A), 600: process(600, (600, 1), UID_B)}
+    engines = [engine(500), engine(600, UID_B, target="10.0.0.2:8000")]
+    peer = SpanPeer("10.0.0.2", 5000, 4317)
+    end = HeldConnection("10.0.0.2", 5000, 4317)
+    for held in (sockets(), sockets(p500=(end,), p600=(end,))):  # gone; inherited over a fork
+        tie = tie_sender(sender("10.0.0.2", 1), engines, procs, PODS, connection=peer, sockets=held)
+        assert (tie.rule, tie.engine) == ("peer_pod", engines[1])
+    # Same address and port to another receiver port: another connection.
+    other = sockets(p500=(HeldConnection("10.0.0.2", 5000, 9402),))
+    tie = tie_sender(sender("10.0.0.2", 1), engines, procs, PODS, connection=peer, sockets=other)
+    assert tie.rule == "peer_pod"
+
+
+def test_an_ipv4_mapped_peer_is_matched_as_procfs_lists_it() -> None:
+    engines = [engine(950, UID_B, target="127.0.0.1:8001")]
+    mapped = SpanPeer("::ffff:127.0.0.1", 41234, 4317)
+    tie = tie_sender(
+        sender("::ffff:127.0.0.1", 1),
+        engines,
+        HOSTNET_PROCS,
+        PODS,
+        connection=mapped,
+        sockets=sockets(p950=(HELD,)),
+    )
+    assert tie.rule == "peer_socket"
+
+
+def test_a_socket_held_by_a_data_parallel_server_names_no_single_engine() -> None:
+    engines = [engine(950, UID_B, target="127.0.0.1:8001"), engine(950, UID_B, rank="1")]
+    tie = tie_sender(
+        sender("127.0.0.1", 1),
+        engines,
+        HOSTNET_PROCS,
+        PODS,
+        connection=CONNECTION,
+        sockets=sockets(p950=(HELD,)),
+    )
+    assert tie.engine is None and tie.reason.startswith("2 engines share API server 950")
 
 
 def test_the_state_history_keeps_the_last_samples_of_engines_still_there() -> None:

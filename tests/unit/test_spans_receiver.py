@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from gpuledger.model.spans import EngineRequestSpan, SpanSender
+from gpuledger.model.spans import EngineRequestSpan, SpanPeer, SpanSender
 from gpuledger.sources.otlp import store as store_module
 from gpuledger.sources.otlp.receiver import OtlpReceiver
 from gpuledger.sources.otlp.store import SpanStore, budget_bytes
@@ -46,7 +46,7 @@ def base64_to_hex(text: str) -> str:
 
 def received(receiver: OtlpReceiver, bodies: list[bytes], media: str = PROTOBUF) -> None:
     for body in bodies:
-        answer = receiver.accept(body, media, "", "10.1.2.3")
+        answer = receiver.accept(body, media, "", SpanPeer("10.1.2.3"))
         assert answer.status == 200, answer.body
 
 
@@ -58,7 +58,10 @@ def test_the_real_engines_twelve_requests_are_held_with_their_latencies(encoding
         received(receiver, [as_otlp_json(b) for b in bodies], "application/json")
     elif encoding == "gzip":
         for body in bodies:
-            assert receiver.accept(gzip.compress(body), PROTOBUF, "gzip", "10.1.2.3").status == 200
+            assert (
+                receiver.accept(gzip.compress(body), PROTOBUF, "gzip", SpanPeer("10.1.2.3")).status
+                == 200
+            )
     else:
         received(receiver, bodies)
     (held,) = receiver.store.snapshot().senders
@@ -83,11 +86,11 @@ def test_the_real_engines_twelve_requests_are_held_with_their_latencies(encoding
 
 def test_bodies_that_are_not_otlp_are_refused_and_counted() -> None:
     receiver = OtlpReceiver(SpanStore())
-    assert receiver.accept(b"\xff\xff\xff\x0f", PROTOBUF, "", "").status == 400
-    assert receiver.accept(b"{not json", "application/json", "", "").status == 400
-    assert receiver.accept(b"abc", PROTOBUF, "gzip", "").status == 400
-    assert receiver.accept(b"abc", "text/plain", "", "").status == 415
-    assert receiver.accept(b"", PROTOBUF, "br", "").status == 400
+    assert receiver.accept(b"\xff\xff\xff\x0f", PROTOBUF, "", SpanPeer("")).status == 400
+    assert receiver.accept(b"{not json", "application/json", "", SpanPeer("")).status == 400
+    assert receiver.accept(b"abc", PROTOBUF, "gzip", SpanPeer("")).status == 400
+    assert receiver.accept(b"abc", "text/plain", "", SpanPeer("")).status == 415
+    assert receiver.accept(b"", PROTOBUF, "br", SpanPeer("")).status == 400
     refused = receiver.store.snapshot().refused_total
     assert refused == {"malformed": 4, "media_type": 1}
     assert receiver.store.snapshot().senders == ()
@@ -99,7 +102,7 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read_and_a_gzip_bomb_after_
     assert receiver.admit(50 * 1024 * 1024).status == 413  # type: ignore[union-attr]
     bomb = gzip.compress(b"\0" * (10 * 1024 * 1024))
     assert receiver.admit(len(bomb)) is None
-    assert receiver.accept(bomb, PROTOBUF, "gzip", "").status == 413
+    assert receiver.accept(bomb, PROTOBUF, "gzip", SpanPeer("")).status == 413
     assert receiver.store.snapshot().refused_total == {"too_large": 3}
 
 

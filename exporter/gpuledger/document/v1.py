@@ -425,8 +425,8 @@ class EngineStateDoc:
 @dataclass(frozen=True, kw_only=True)
 class SpanSenderDoc:
     """One process that sent request spans, the engine they were tied to and the rule
-    that tied them (`joined_by`: k8s_pod_uid, peer_pod, host_pid; none with
-    `untied_reason`)."""
+    that tied them (`joined_by`: peer_socket, k8s_pod_uid, peer_pod, host_pid; none
+    with `untied_reason`)."""
 
     peer: str
     service_name: str

@@ -279,6 +279,7 @@ _WAITED = {
     "not_recorded": "not recorded (this engine version sends no queue time)",
 }
 _RULES = {
+    "peer_socket": "the API server holding the connection the spans came over",
     "k8s_pod_uid": "k8s.pod.uid + the API server's NSpid",
     "peer_pod": "the sender's pod IP + the API server's NSpid",
     "host_pid": "a host process on loopback + its PID",

@@ -25,6 +25,7 @@ from gpuledger.export.families import FamilySpec
 from gpuledger.export.published import Published
 from gpuledger.ledger import ContainerRef, Ledger, overflow_view
 from gpuledger.ledger.engines import identity as engine_identity
+from gpuledger.ledger.spans import JOIN_RULES
 from gpuledger.model import SOURCE_STATES
 from gpuledger.model.kubernetes import PodInfo
 from gpuledger.model.nvml import LINK_LEVELS, MigDevice
@@ -446,7 +447,7 @@ def request_families(ledger: Ledger) -> Iterator[Metric]:
                 family.add_metric([node, *engine], _buckets(merged), merged.total)
         yield family
     senders = _gauge(F.OTLP_SENDERS)
-    for rule in ("k8s_pod_uid", "peer_pod", "host_pid", "none"):
+    for rule in JOIN_RULES:
         senders.add_metric([node, rule], joined[rule])
     yield senders
     refused = _counter(F.OTLP_REFUSED_TOTAL)

@@ -1436,7 +1436,11 @@ OTLP_SENDERS: Final = declare(
     labels=("joined_by",),
     stability=EXPERIMENTAL,
     rows="requests",
-    budget=(Budget(NODE, "4", "the rules: `k8s_pod_uid`, `peer_pod`, `host_pid`, `none`", 4),),
+    budget=(
+        Budget(
+            NODE, "5", "the rules: `peer_socket`, `k8s_pod_uid`, `peer_pod`, `host_pid`, `none`", 5
+        ),
+    ),
     meaning=(
         "With `--otlp-receiver on`. `none` counts senders no rule could tie "
         "(explain --request says why); [design.md](design.md), identity rule 10."

@@ -1,4 +1,5 @@
-"""Listening TCP sockets from procfs text, and which of them serves a target. Pure.
+"""TCP sockets from procfs text: the listening ones and which of them serves a target,
+and the established ones a span receiver's senders hold. Pure.
 
 Formats (Documentation/networking/proc_net_tcp.rst, proc(5)):
 
@@ -8,7 +9,7 @@ Formats (Documentation/networking/proc_net_tcp.rst, proc(5)):
   listening sockets first, then the established ones.
 * An address is `<IP>:<PORT>` in hex: the IP as the kernel's 32-bit words (one for IPv4,
   four for IPv6), each printed in the host's byte order; the port as a number.
-* `st` is the TCP state in hex: `0A` LISTEN, `03` SYN_RECV.
+* `st` is the TCP state in hex: `0A` LISTEN, `03` SYN_RECV, `01` ESTABLISHED.
 * `readlink /proc/<pid>/fd/<n>` of a socket reads `socket:[<inode>]`, and
   `readlink /proc/<pid>/ns/net` reads `net:[<inode>]`.
 """
@@ -21,9 +22,10 @@ import sys
 from collections.abc import Iterable
 from typing import Literal
 
-from gpuledger.model.procfs import ListenSocket
+from gpuledger.model.procfs import HeldConnection, ListenSocket
 
 LISTEN = "0A"
+ESTABLISHED = "01"
 # Before Linux 4.4 a listener's pending connections were listed right after it: a
 # table still lists listeners while it shows these.
 SYN_RECV = "03"
@@ -70,6 +72,36 @@ def parse_listener(line: str, byteorder: str = sys.byteorder) -> tuple[int, List
     return int(fields[9]), ListenSocket(*address)
 
 
+def parse_connection(
+    line: str, byteorder: str = sys.byteorder
+) -> tuple[int, HeldConnection] | None:
+    """(inode, connection) of an ESTABLISHED line; None for any other line."""
+    fields = line.split()
+    if len(fields) < 10 or not fields[0].endswith(":") or fields[3] != ESTABLISHED:
+        return None
+    local = parse_address(fields[1], byteorder)
+    remote = parse_address(fields[2], byteorder)
+    if local is None or remote is None or not fields[9].isdigit():
+        return None
+    return int(fields[9]), HeldConnection(*local, remote[1])
+
+
+def local_keys(end: HeldConnection, byteorder: str = sys.byteorder) -> frozenset[bytes]:
+    """The `local_address` fields a table line of `end`'s socket can have (tcp: IPv4;
+    tcp6: IPv6, or an IPv4 address mapped into it): a line is parsed only when its field
+    is one of these, which keeps reading a busy server's table cheap."""
+    order: Literal["little", "big"] = "little" if byteorder == "little" else "big"
+    ip = ipaddress.ip_address(end.address)
+    packed = [ip.packed] if ip.version == 6 else [ip.packed, b"\0" * 10 + b"\xff\xff" + ip.packed]
+    keys = set()
+    for raw in packed:
+        words = "".join(
+            f"{int.from_bytes(raw[i : i + 4], order):08X}" for i in range(0, len(raw), 4)
+        )
+        keys.add(f"{words}:{end.port:04X}".encode())
+    return frozenset(keys)
+
+
 def lists_listeners(state: str | None) -> bool:
     """Whether the table may still list listeners after a line in `state` (the header
     too): once it shows an established-side socket, no listener follows."""
@@ -84,7 +116,9 @@ def parse_link(text: str, kind: str) -> int | None:
     return int(match.group(2))
 
 
-def _host_ip(host: str) -> str | None:
+def normal_ip(host: str) -> str | None:
+    """An IP address as procfs gives it (an IPv4-mapped IPv6 one as IPv4, brackets
+    dropped); None for a name."""
     try:
         ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
@@ -106,7 +140,7 @@ def split_endpoint(endpoint: str) -> tuple[str, int] | None:
 def serves(sockets: Iterable[ListenSocket], host: str, port: int) -> bool:
     """Whether one of `sockets` accepts connections to host:port: the same port, on any
     address or on the host's own. A host name is not resolved: the port alone decides."""
-    ip = _host_ip(host)
+    ip = normal_ip(host)
     return any(
         s.port == port and (s.address in _ANY or ip is None or s.address == ip) for s in sockets
     )

@@ -640,7 +640,13 @@ def build_ledger(
         dra_nodes=dra.nodes if dra is not None and not node_mode else (),
         pools=pools,
         pool_members=pool_members(pools),
-        requests=build_requests(snapshots.get(SPANS), layers.engines, process_table, pods),
+        requests=build_requests(
+            snapshots.get(SPANS),
+            layers.engines,
+            process_table,
+            pods,
+            procs.sockets if procs is not None else None,
+        ),
         # Kept only while spans are received: nothing else reads it.
         engine_history=engine_history(
             layers.engines, previous.engine_history if previous else (), taken_at

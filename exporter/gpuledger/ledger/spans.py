@@ -1,7 +1,9 @@
 """Request spans joined to their engines, and each engine's recent state (docs/design.md,
 identity rule 10). Pure.
 
-A span is tied to an engine by who sent it, never by what it says it served:
+A span is tied to an engine by who sent it, never by what it says it served. First by
+the connection it came over: the API server that holds the sending end of it (procfs'
+socket tables, as a target's port names its server) sent it. Else by the PID it names:
 `vllm.process_id` is the API server's PID in its own PID namespace, so it is read in
 the sender's pod (the Collector's `k8s.pod.uid`, else the pod whose IP is the
 connection's peer) against the last `NSpid` entry of that pod's API servers; a sender on
@@ -16,22 +18,25 @@ import ipaddress
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
+from gpuledger.identity.sockets import normal_ip
 from gpuledger.ledger.engines import Engine, identity
 from gpuledger.model.base import frozen_map
 from gpuledger.model.kubernetes import PodsSnapshot
-from gpuledger.model.procfs import ProcessInfo
+from gpuledger.model.procfs import HeldConnection, ProcessInfo, ProcessSockets
 from gpuledger.model.spans import (
     EngineRequestSpan,
     LatencyCounts,
     RouterSpan,
+    SpanPeer,
     SpanSender,
     SpansSnapshot,
 )
 
-# Which rule tied a sender to its engine; "none" when none could.
-JoinRule = Literal["k8s_pod_uid", "peer_pod", "host_pid", "none"]
+# Which rule tied a sender to its engine, in the order they are tried; "none" when none could.
+JoinRule = Literal["peer_socket", "k8s_pod_uid", "peer_pod", "host_pid", "none"]
+JOIN_RULES: tuple[JoinRule, ...] = get_args(JoinRule)
 # Cycles of engine state kept per engine: 15 minutes at the default 10 s interval.
 MAX_STATE_SAMPLES = 90
 
@@ -129,8 +134,14 @@ def tie_sender(
     engines: Sequence[Engine],
     procs: Mapping[int, ProcessInfo],
     pods: PodsSnapshot | None,
+    *,
+    connection: SpanPeer | None = None,
+    sockets: Mapping[int, ProcessSockets] | None = None,
 ) -> _Tie:
-    """The engine that sent these spans, by the rule above, or why none can be named."""
+    """The engine that sent these spans, by the rules above, or why none can be named."""
+    owner = _socket_owner(connection, sockets or {})
+    if owner is not None:
+        return _tie_by_socket(sender, owner, engines, procs)
     if sender.process_id is None:
         return _untied("the spans' resource has no vllm.process_id")
     rule: JoinRule
@@ -169,6 +180,36 @@ def tie_sender(
     return _Tie(rule, "", found[0])
 
 
+def _socket_owner(connection: SpanPeer | None, sockets: Mapping[int, ProcessSockets]) -> int | None:
+    """The one API server holding the sending end of `connection`; None when none does
+    (gone: an HTTP exporter's connection ends with its export) or several do (a socket
+    inherited over a fork names no one process): the other rules decide then."""
+    address = normal_ip(connection.address) if connection is not None else None
+    if connection is None or address is None:
+        return None
+    end = HeldConnection(address, connection.port, connection.receiver_port)
+    owners = [pid for pid, held in sockets.items() if end in held.connections]
+    return owners[0] if len(owners) == 1 else None
+
+
+def _tie_by_socket(
+    sender: SpanSender, owner: int, engines: Sequence[Engine], procs: Mapping[int, ProcessInfo]
+) -> _Tie:
+    found = [e for e in engines if e.api_server_pid == owner]
+    if len(found) != 1:
+        return _untied(
+            f"{len(found)} engines share API server {owner}, which holds the sender's connection"
+        )
+    info = procs.get(owner)
+    own_pid = info.nspid[-1] if info is not None and info.nspid else None
+    if sender.process_id is not None and own_pid is not None and own_pid != sender.process_id:
+        return _untied(
+            f"the sender's connection is held by API server {owner} (PID {own_pid} in its "
+            f"namespace), but the spans name vllm.process_id {sender.process_id}"
+        )
+    return _Tie("peer_socket", "", found[0])
+
+
 def _pods_by_ip(pods: PodsSnapshot | None) -> dict[str, set[str]]:
     by_ip: dict[str, set[str]] = defaultdict(set)
     for pod in pods.pods if pods is not None else ():
@@ -182,12 +223,15 @@ def build_requests(
     engines: Sequence[Engine],
     procs: Mapping[int, ProcessInfo],
     pods: PodsSnapshot | None,
+    sockets: Mapping[int, ProcessSockets] | None = None,
 ) -> RequestLedger | None:
     if snapshot is None:
         return None
     senders = []
     for held in snapshot.senders:
-        tie = tie_sender(held.sender, engines, procs, pods)
+        tie = tie_sender(
+            held.sender, engines, procs, pods, connection=held.connection, sockets=sockets
+        )
         senders.append(
             RequestSender(
                 sender=held.sender,

@@ -51,6 +51,16 @@ class ListenSocket:
     port: int
 
 
+@dataclass(frozen=True, order=True)
+class HeldConnection:
+    """An established TCP connection a process holds: its own end's address and port,
+    and the far end's port (a span receiver's: only those are looked for)."""
+
+    address: str
+    port: int
+    remote_port: int
+
+
 # How an API server's listening sockets were read: its fds and its network namespace's
 # tables were read; a read was refused or failed (no SYS_PTRACE, process gone); the
 # procfs source's socket deadline passed first.
@@ -65,6 +75,9 @@ class ProcessSockets:
     state: SocketState
     listening: tuple[ListenSocket, ...] = ()
     netns: int | None = None  # inode of its network namespace (/proc/<pid>/ns/net)
+    # The connections to the span receiver it holds, of those the receiver's senders
+    # came over (identity rule 10's peer-socket rule); only looked for while spans arrive.
+    connections: tuple[HeldConnection, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,17 @@ class SpanSender:
     pod_ip: str = ""
 
 
+@dataclass(frozen=True, order=True)
+class SpanPeer:
+    """The TCP connection an export came over, as the receiver saw it: the sender's
+    address and port, and the receiver's own port (0: not known). The sending process
+    holds the other end of it (docs/design.md, identity rule 10: the peer-socket rule)."""
+
+    address: str
+    port: int = 0
+    receiver_port: int = 0
+
+
 @dataclass(frozen=True)
 class EngineRequestSpan:
     """One finished request, from vLLM's `llm_request` server span. Latencies are the
@@ -91,6 +102,8 @@ class SenderSpans:
     received_total: int
     queue_time: LatencyCounts | None = None
     ttft: LatencyCounts | None = None
+    # The connection its last export came over, when both ports are known.
+    connection: SpanPeer | None = None
 
 
 @dataclass(frozen=True)
@@ -122,7 +135,7 @@ class SpanSink(Protocol):
         """None when a body of `length` bytes may be read now; else the refusal."""
 
     def accept(
-        self, body: bytes, content_type: str, content_encoding: str, peer: str
+        self, body: bytes, content_type: str, content_encoding: str, peer: SpanPeer
     ) -> IngestAnswer: ...
 
 

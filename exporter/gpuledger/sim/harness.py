@@ -20,6 +20,7 @@ from uuid import NAMESPACE_URL, uuid5
 from gpuledger.document.v1 import LedgerDocument
 from gpuledger.engines import BY_NAME, KINDS
 from gpuledger.export.document import ledger_document
+from gpuledger.model.spans import SpanPeer
 from gpuledger.pipeline import Pipeline, PipelineConfig
 from gpuledger.sim import fake_sglang, fake_vllm
 from gpuledger.sim.fake_apiserver import (
@@ -997,7 +998,7 @@ def deliver_spans(node: SimulatedNode, state: Scenario, pipeline: Pipeline) -> N
     pipeline.cycle()
     start_ns = int((time.time() - _last_finish(state)) * 1e9)
     for batch in node.span_batches(state, start_ns):
-        sink.accept(batch.body, "application/x-protobuf", "", batch.source_host)
+        sink.accept(batch.body, "application/x-protobuf", "", SpanPeer(batch.source_host))
 
 
 def settled_document(scenario: Scenario, deadline_seconds: float = 5.0) -> LedgerDocument:

@@ -33,7 +33,7 @@ from gpuledger.export.collector import LedgerCollector
 from gpuledger.export.document import document_bytes, ledger_document
 from gpuledger.export.exposition import FamilyRenderer, render_text
 from gpuledger.export.published import Published
-from gpuledger.model.spans import IngestAnswer, SpanSink
+from gpuledger.model.spans import IngestAnswer, SpanPeer, SpanSink
 from gpuledger.web.node_page import render_page, simulated_banner
 from gpuledger.web.requests_page import request_page, requested
 from gpuledger.web.runbooks import runbooks_page
@@ -359,10 +359,11 @@ def ingest(handler: BaseHTTPRequestHandler, sink: SpanSink) -> tuple[IngestAnswe
     body = _read_body(handler.rfile, handler.connection, length)
     if body is None:
         return IngestAnswer(HTTPStatus.REQUEST_TIMEOUT, b"body incomplete\n", ""), False
-    peer = handler.client_address[0] if handler.client_address else ""
+    address, port = handler.client_address[:2] if handler.client_address else ("", 0)
+    peer = SpanPeer(str(address), int(port), int(handler.connection.getsockname()[1]))
     content_type = handler.headers.get("Content-Type", "")
     encoding = handler.headers.get("Content-Encoding", "")
-    return sink.accept(body, content_type, encoding, str(peer)), True
+    return sink.accept(body, content_type, encoding, peer), True
 
 
 def _read_body(buffered: Any, sock: socket.socket, length: int) -> bytes | None:

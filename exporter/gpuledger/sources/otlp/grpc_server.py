@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from gpuledger.model.spans import GrpcSecurity
+from gpuledger.model.spans import GrpcSecurity, SpanPeer
 from gpuledger.sources.otlp.receiver import OtlpReceiver
 
 log = logging.getLogger(__name__)
@@ -28,20 +28,21 @@ log = logging.getLogger(__name__)
 MAX_CONCURRENT_EXPORTS = 2
 
 
-def peer_address(peer: str) -> str:
-    """`ipv4:10.0.0.5:41234` / `ipv6:[::1]:41234` -> the IP address; "" otherwise."""
+def parse_peer(peer: str, receiver_port: int = 0) -> SpanPeer:
+    """gRPC's `ipv4:10.0.0.5:41234` / `ipv6:[::1]:41234` -> that address and port (an
+    address "" and port 0 for anything else, e.g. `unix:`)."""
     kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        return rest.rpartition(":")[0]
-    if kind == "ipv6":
-        return rest.rpartition(":")[0].strip("[]")
-    return ""
+    if kind not in ("ipv4", "ipv6"):
+        return SpanPeer("")
+    host, _, port = rest.rpartition(":")
+    return SpanPeer(host.strip("[]"), int(port) if port.isdigit() else 0, receiver_port)
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: OtlpReceiver, security: GrpcSecurity) -> None:
         self._receiver = receiver
         self._security = security
+        self.port = 0  # the one it listens on, once bound
 
     def Export(
         self, request: ExportTraceServiceRequest, context: grpc.ServicerContext
@@ -53,7 +54,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         refused = self._receiver.admit(request.ByteSize())
         if refused is not None:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused.body.decode().strip())
-        self._receiver.export(request, peer_address(context.peer()))
+        self._receiver.export(request, parse_peer(context.peer(), self.port))
         return ExportTraceServiceResponse()
 
 
@@ -106,8 +107,9 @@ def start_grpc(
         maximum_concurrent_rpcs=MAX_CONCURRENT_EXPORTS,
     )
     # opentelemetry-proto ships no stubs for its generated gRPC module.
+    service = _TraceService(receiver, security)
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        _TraceService(receiver, security), server
+        service, server
     )
     host, port = listen
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -115,6 +117,7 @@ def start_grpc(
         bound = server.add_secure_port(address, _credentials(security))
     else:
         bound = server.add_insecure_port(address)
+    service.port = bound
     server.start()
     log.info("receiving OTLP/gRPC spans on %s", address)
     return server, bound

@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from gpuledger.model.spans import IngestAnswer
+from gpuledger.model.spans import IngestAnswer, SpanPeer
 from gpuledger.sources.otlp.decode import MalformedBody, decode, parse_json, parse_protobuf
 from gpuledger.sources.otlp.store import SpanStore
 
@@ -80,7 +80,7 @@ class OtlpReceiver:
         return None
 
     def accept(
-        self, body: bytes, content_type: str, content_encoding: str, peer: str
+        self, body: bytes, content_type: str, content_encoding: str, peer: SpanPeer
     ) -> IngestAnswer:
         media = content_type.split(";", 1)[0].strip().lower()
         if media not in (_PROTOBUF, _JSON):
@@ -94,7 +94,7 @@ class OtlpReceiver:
             return _text(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "inflated body over the cap")
         except MalformedBody as exc:
             self.store.refuse("malformed")
-            log.debug("otlp: refused a body from %s: %s", peer, exc)
+            log.debug("otlp: refused a body from %s: %s", peer.address, exc)
             return _text(HTTPStatus.BAD_REQUEST, str(exc))
         self.export(message, peer)
         response = ExportTraceServiceResponse()
@@ -102,10 +102,10 @@ class OtlpReceiver:
             return IngestAnswer(int(HTTPStatus.OK), b"{}", _JSON)
         return IngestAnswer(int(HTTPStatus.OK), response.SerializeToString(), _PROTOBUF)
 
-    def export(self, message: ExportTraceServiceRequest, peer: str) -> None:
+    def export(self, message: ExportTraceServiceRequest, peer: SpanPeer) -> None:
         """Stores what one parsed request carries (HTTP and gRPC alike)."""
-        decoded = decode(message, peer)
-        self.store.add(decoded.engine_spans, decoded.router_spans)
+        decoded = decode(message, peer.address)
+        self.store.add(decoded.engine_spans, decoded.router_spans, peer)
 
     def _inflate(self, body: bytes, encoding: str) -> bytes:
         if encoding in ("", "identity"):

@@ -19,6 +19,7 @@ from gpuledger.model.spans import (
     LatencyCounts,
     RouterSpan,
     SenderSpans,
+    SpanPeer,
     SpanSender,
     SpansSnapshot,
 )
@@ -79,6 +80,7 @@ class _Ring:
     last_seen: float = 0.0
     queue_time: _Histogram = field(default_factory=_Histogram)
     ttft: _Histogram = field(default_factory=_Histogram)
+    connection: SpanPeer | None = None  # the last export's, when both its ports are known
 
     def add(self, span: EngineRequestSpan, sequence: int, now: float) -> None:
         self.recent.append(span)
@@ -113,8 +115,11 @@ class SpanStore:
         self,
         engine_spans: Sequence[tuple[SpanSender, EngineRequestSpan]],
         routers: Sequence[RouterSpan],
+        peer: SpanPeer | None = None,
     ) -> int:
-        """Stores the spans; returns how many were refused (no room for a new sender)."""
+        """Stores the spans that came over `peer`; returns how many were refused (no room
+        for a new sender)."""
+        connection = peer if peer is not None and peer.port and peer.receiver_port else None
         now = time.monotonic()
         refused = 0
         with self._lock:
@@ -126,6 +131,7 @@ class SpanStore:
                     continue
                 self._sequence += 1
                 ring.add(span, self._sequence, now)
+                ring.connection = connection
             if refused:
                 self._refused["senders"] += refused
         return refused
@@ -156,6 +162,7 @@ class SpanStore:
                     received_total=ring.received,
                     queue_time=ring.queue_time.frozen(),
                     ttft=ring.ttft.frozen(),
+                    connection=ring.connection,
                 )
                 for sender, ring in sorted(self._rings.items())
             )

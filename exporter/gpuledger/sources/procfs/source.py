@@ -4,7 +4,9 @@ Reads `<proc-root>/<pid>/…` for the PIDs NVML reports and their ancestors, and
 engines are scraped, every engine-retitled process and its ancestors: an engine's API
 server holds no GPU and may have no GPU process below it (on the Ray executor the
 workers are the raylet's children, identity rule 9), yet its flags are the engine's
-configuration and its socket names its target (identity rule 6). A process that exits
+configuration and its socket names its target (identity rule 6), and while the span
+receiver has senders, the connection it exported over names the spans' sender (rule 10).
+A process that exits
 between two reads, or a file we may not read, is a normal event: that process is
 skipped (or kept without the unreadable part), never an error.
 
@@ -22,10 +24,12 @@ from pathlib import Path
 
 from gpuledger.engines import KINDS, TITLE_PREFIXES, flag_whitelist, is_engine_title
 from gpuledger.identity.cgroup import NO_IDENTITY, parse_cgroup_file
+from gpuledger.identity.sockets import normal_ip
 from gpuledger.model import Snapshots, frozen_map
 from gpuledger.model.engines import ENGINES
 from gpuledger.model.nvml import NVML
-from gpuledger.model.procfs import PROCESSES, ProcessInfo, ProcSnapshot
+from gpuledger.model.procfs import PROCESSES, HeldConnection, ProcessInfo, ProcSnapshot
+from gpuledger.model.spans import SPANS, SpansSnapshot
 from gpuledger.sources.base import Source, SourceError
 from gpuledger.sources.procfs.sockets import BoundSockets, api_servers
 
@@ -144,13 +148,25 @@ def parse_environ(raw: bytes) -> dict[str, str]:
     return kept
 
 
+def span_connections(spans: SpansSnapshot | None) -> frozenset[HeldConnection]:
+    """The sending end of each span sender's last connection, as procfs would list it."""
+    found = set()
+    for held in spans.senders if spans is not None else ():
+        peer = held.connection
+        address = normal_ip(peer.address) if peer is not None else None
+        if peer is not None and address is not None:
+            found.add(HeldConnection(address, peer.port, peer.receiver_port))
+    return frozenset(found)
+
+
 class ProcfsSource(Source[ProcSnapshot]):
     """The GPU processes NVML reports, the engine processes while engines are scraped,
     and their ancestors."""
 
     key = PROCESSES
-    # The engines' scrapes: only while there are targets are engine processes looked for.
-    needs = (NVML, ENGINES)
+    # The engines' scrapes: only while there are targets are engine processes looked for;
+    # the span receiver's senders: the connections they came over are looked for.
+    needs = (NVML, ENGINES, SPANS)
 
     def __init__(self, proc_root: str = "/proc", socket_seconds: float = 1.0) -> None:
         self.root = Path(proc_root)
@@ -166,11 +182,19 @@ class ProcfsSource(Source[ProcSnapshot]):
         return self.read(
             nvml.pids() if nvml is not None else (),
             engines=engines is not None and bool(engines.scrapes),
+            connections=span_connections(inputs.get(SPANS)),
         )
 
-    def read(self, pids: Iterable[int], *, engines: bool = False) -> ProcSnapshot:
+    def read(
+        self,
+        pids: Iterable[int],
+        *,
+        engines: bool = False,
+        connections: frozenset[HeldConnection] = frozenset(),
+    ) -> ProcSnapshot:
         """The processes `pids` and their ancestors; with `engines`, also every engine
-        process (engine_pids) and its ancestors, its API server among them."""
+        process (engine_pids) and its ancestors, its API server among them; and which API
+        server holds each of `connections`."""
         if not self.root.is_dir():
             raise SourceError("proc_root_missing", f"proc root {str(self.root)!r} does not exist")
         found: dict[int, ProcessInfo] = {}
@@ -190,7 +214,7 @@ class ProcfsSource(Source[ProcSnapshot]):
             )
         # Which API server listens on which port: how each target finds its own server.
         deadline = time.monotonic() + self.socket_seconds
-        sockets = self._sockets.read(self._root, api_servers(found), deadline)
+        sockets = self._sockets.read(self._root, api_servers(found), deadline, connections)
         return ProcSnapshot(processes=frozen_map(found), sockets=frozen_map(sockets))
 
     def engine_pids(self, deadline: float) -> list[int]:
