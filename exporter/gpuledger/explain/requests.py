@@ -19,6 +19,7 @@ from gpuledger.document.v1 import (
     RouterSpanDoc,
     SpanSenderDoc,
 )
+from gpuledger.explain.batch import BatchShown, batch_during
 from gpuledger.explain.chain import (
     EXIT_NOT_FOUND,
     ExplainError,
@@ -75,8 +76,11 @@ class RequestShown:
     waited_in: str  # engine_queue | model | not_recorded
     states: tuple[StateShown, ...]
     reason: str | None
+    # Where the reason comes from: samples | spans | nearest samples ("" without one).
+    reason_from: str
     routers: tuple[RouterShown, ...]
     workload: str  # NAMESPACE/NAME (NAME alone in no namespace) of the engine; "" untied
+    batch: BatchShown | None = None  # the engine's other requests over the wait
 
 
 @dataclass(frozen=True)
@@ -205,8 +209,10 @@ def explain_request(
             _state_shown(when, state, r.arrived_at, engine, t)
             for when, state in _placed(s.states, r.arrived_at, scheduled)
         )
-    reasons = [x.reason for x in states if x.reason is not None and x.when == "during the wait"]
-    reasons = reasons or [x.reason for x in states if x.reason is not None]
+    batch = None
+    if r.queue_seconds is not None and r.queue_seconds >= WAITED_SECONDS:
+        batch = batch_during(r, (*s.recent, *s.slowest), _limit(engine, s.states))
+    reason, reason_from = _reason(states, batch)
     workload = ""
     if engine is not None:
         workload = f"{engine.namespace}/{engine.workload}" if engine.namespace else engine.workload
@@ -223,10 +229,36 @@ def explain_request(
         first_token_at=r.arrived_at + r.ttft_seconds if r.ttft_seconds is not None else None,
         waited_in=_waited_in(r),
         states=states,
-        reason=max(set(reasons), key=reasons.count) if reasons else None,
+        reason=reason,
+        reason_from=reason_from,
         routers=_routers(docs, r),
         workload=workload,
+        batch=batch,
     )
+
+
+def _limit(engine: EngineDoc | None, states: Sequence[EngineStateDoc]) -> int | None:
+    """The engine's max_num_seqs: its configuration, else its latest sample's."""
+    text = engine.config.get("max_num_seqs", "") if engine is not None else ""
+    if text.isdigit():
+        return int(text)
+    return next((x.max_num_seqs for x in reversed(states) if x.max_num_seqs is not None), None)
+
+
+def _reason(states: Sequence[StateShown], batch: BatchShown | None) -> tuple[str | None, str]:
+    """Why it waited, and from what: the samples inside the wait (the verdict's own rule);
+    without one, the batch rebuilt from the engine's spans when it was full all along,
+    else the nearest samples."""
+    inside = [x.reason for x in states if x.reason and x.when == "during the wait"]
+    if inside:
+        return max(set(inside), key=inside.count), "samples"
+    sampled = any(x.when == "during the wait" for x in states)
+    if batch is not None and batch.full and not sampled:
+        return "max_num_seqs", "spans"
+    nearest = [x.reason for x in states if x.reason]
+    if nearest:
+        return max(set(nearest), key=nearest.count), "nearest samples"
+    return None, ""
 
 
 def _seconds(value: float | None) -> str:
@@ -296,8 +328,9 @@ def _state_lines(shown: RequestShown) -> list[str]:
     if shown.waited_in != "engine_queue":
         return []
     if not shown.states:
-        return ["  engine state while it waited: not recorded (no sample that close)"]
-    lines = ["  engine state while it waited (the agent's clock):"]
+        lines = ["  engine state while it waited: not recorded (no sample that close)"]
+    else:
+        lines = ["  engine state while it waited (the agent's clock):"]
     for x in shown.states:
         kv = "?" if x.kv_cache_usage_ratio is None else f"{x.kv_cache_usage_ratio:.0%}"
         lines.append(
@@ -306,9 +339,45 @@ def _state_lines(shown: RequestShown) -> list[str]:
             f"{_count(x.waiting)} waiting, KV cache {kv}"
             + (f" -> {x.reason}" if x.reason else " -> not queueing")
         )
+    # The spans' batch adds to samples inside the wait only when it shows the batch full:
+    # a partial one (few spans held) would read as contradicting them.
+    sampled = any(x.when == "during the wait" for x in shown.states)
+    if shown.batch is not None and (shown.batch.full or not sampled):
+        lines += _batch_lines(shown.batch)
     if shown.reason:
-        lines.append(f"  why it waited: {shown.reason} ({_REASON_TEXT[shown.reason]})")
+        lines.append(
+            f"  why it waited: {shown.reason} ({_REASON_TEXT[shown.reason]})"
+            + _REASON_FROM[shown.reason_from]
+        )
     return lines
+
+
+_REASON_FROM = {
+    "samples": "",
+    "spans": "; from its spans: no sample fell inside the wait, and KV usage was not sampled",
+    "nearest samples": "; from the samples nearest the wait, none inside it",
+}
+
+
+def _batch_lines(batch: BatchShown | None) -> list[str]:
+    if batch is None:
+        return []
+    if batch.max_num_seqs is None:
+        limit = "max_num_seqs unknown"
+    else:
+        limit = f"at least max_num_seqs {batch.max_num_seqs} for {batch.full_share:.0%} of it"
+    verdict = (
+        "every batch slot taken"
+        if batch.full
+        else "not shown full (requests the agent no longer holds are not counted)"
+    )
+    return [
+        f"  the batch from the engine's spans ({batch.held} of its other requests held, "
+        "its clock):",
+        f"    {batch.running} running most of the wait ({batch.running_min}-"
+        f"{batch.running_max}; {limit}), up to {batch.waiting_max} others waiting"
+        f" -> {verdict}",
+    ]
 
 
 _REASON_TEXT = {
