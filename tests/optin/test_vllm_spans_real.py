@@ -6,9 +6,10 @@ tests/fixtures/vllm-otlp/ was made from, end to end through gpuledger: vLLM with
 ``--otlp-traces-endpoint`` pointed at ``gpuledger serve --otlp-receiver on``, which scrapes
 the same engine; twelve requests at once against ``--max-num-seqs 2``, the first with a
 ``traceparent``. Checked: every request's span reaches the agent and is tied to the engine
-by the host-process rule (loopback, the API server's PID), the continued trace id, the
-waits read against the engine's sampled state (``max_num_seqs``), the exemplars, and that
-the server's API key and HF token reach no output.
+(over gRPC by the peer-socket rule: the API server holds the channel's end; over HTTP by
+the host-process rule: loopback, the API server's PID), the continued trace id, the waits
+read against the engine's sampled state (``max_num_seqs``) and against its batch rebuilt
+from its spans, the exemplars, and that the server's API key and HF token reach no output.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ MAX_TOKENS = 180
 @pytest.fixture(scope="module", params=["http/protobuf", "grpc"])
 def engine_and_agent(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Server, str]]:
+) -> Iterator[tuple[Server, str, str]]:
     """The engine exporting over OTLP/HTTP to the agent's --listen, then over OTLP/gRPC
     to its --otlp-grpc-listen (vLLM's own exporters, chosen by the protocol variable)."""
     tmp = tmp_path_factory.mktemp("spans")
@@ -69,7 +70,7 @@ def engine_and_agent(
         base = f"http://127.0.0.1:{agent_port}"
         try:
             _wait_for(lambda: _ledger(base) is not None, 60, "the agent")
-            yield server, base
+            yield server, base, protocol
         finally:
             agent.terminate()
             agent.communicate(timeout=20)
@@ -114,9 +115,9 @@ def _explain(base: str, *query: str) -> str:
 
 
 def test_a_real_engines_spans_are_tied_to_it_and_explain_its_waits(
-    engine_and_agent: tuple[Server, str],
+    engine_and_agent: tuple[Server, str, str],
 ) -> None:
-    server, base = engine_and_agent
+    server, base, protocol = engine_and_agent
     with concurrent.futures.ThreadPoolExecutor(REQUESTS) as pool:
         assert list(pool.map(lambda i: _send(server, i), range(REQUESTS))) == [200] * REQUESTS
 
@@ -129,13 +130,18 @@ def test_a_real_engines_spans_are_tied_to_it_and_explain_its_waits(
     doc = _wait_for(all_received, 60, "the spans of every request")
     (sender,) = [s for s in doc["spans"]["senders"] if s["service_name"] == "vllm-optin"]
     assert sender["process_id"] == server.pid
-    assert (sender["joined_by"], sender["model_name"]) == ("host_pid", "tiny")
+    # gRPC keeps its channel open: the API server holds its end of it. OTLP/HTTP's
+    # connection ends with each export (the agent answers HTTP/1.0): the loopback PID rule.
+    rule = "peer_socket" if protocol == "grpc" else "host_pid"
+    assert (sender["joined_by"], sender["model_name"]) == (rule, "tiny")
     first = _explain(base, "--request", "req-101")
     assert "trace 4bf92f3577b34da6a3ce929d0e0e4736" in first
     waited = [
         _explain(base, "--request", f"req-{n}") for n in range(101 + REQUESTS - 8, 101 + REQUESTS)
     ]
     assert any("why it waited: max_num_seqs" in text for text in waited), waited[-1]
+    # The batch from the engine's own spans: two running through the waits.
+    assert any("of max_num_seqs 2" in t and "every batch slot taken" in t for t in waited), waited
     openmetrics = requests.get(
         base + "/metrics",
         headers={"Accept": "application/openmetrics-text; version=1.0.0"},
