@@ -127,7 +127,15 @@ def test_a_real_engines_spans_are_tied_to_it_and_explain_its_waits(
         got = {r["request_id"] for s in senders for r in s["recent"]}
         return doc if len(got) >= REQUESTS else None
 
-    doc = _wait_for(all_received, 60, "the spans of every request")
+    try:
+        doc = _wait_for(all_received, 60, "the spans of every request")
+    except pytest.fail.Exception:
+        spans = (_ledger(base) or {}).get("spans", {})
+        held = {
+            s["service_name"]: (s["received_total"], s["joined_by"])  # type: ignore[index]
+            for s in spans.get("senders", ())  # type: ignore[union-attr]
+        }
+        pytest.fail(f"not every span arrived: held {held}, refused {spans.get('refused_total')}")
     (sender,) = [s for s in doc["spans"]["senders"] if s["service_name"] == "vllm-optin"]
     assert sender["process_id"] == server.pid
     # gRPC keeps its channel open: the API server holds its end of it. OTLP/HTTP's

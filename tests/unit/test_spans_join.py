@@ -5,6 +5,8 @@ name exactly one engine."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuledger.ledger.engines import Engine
 from gpuledger.ledger.spans import EngineHistory, engine_history, tie_sender
 from gpuledger.model.engines import EngineMetrics
@@ -140,38 +142,33 @@ def sockets(**held: tuple[HeldConnection, ...]) -> dict[int, ProcessSockets]:
     return {int(pid[1:]): ProcessSockets("read", (), 1, conns) for pid, conns in held.items()}
 
 
+def tie_on_loopback(
+    engines: list[Engine],
+    pid: int | None = 1,
+    held: dict[int, ProcessSockets] | None = None,
+    peer: SpanPeer = CONNECTION,
+) -> Any:
+    """A hostNetwork sender's tie, its connection held by API server 950 unless `held`."""
+    owned = sockets(p950=(HELD,)) if held is None else held
+    return tie_sender(
+        sender(peer.address, pid), engines, HOSTNET_PROCS, PODS, connection=peer, sockets=owned
+    )
+
+
 def test_the_api_server_holding_the_senders_connection_sent_its_spans() -> None:
     engines = [engine(900, target="127.0.0.1:8000"), engine(950, UID_B, target="127.0.0.1:8001")]
-    owned = sockets(p900=(), p950=(HELD,))
-    tie = tie_sender(
-        sender("127.0.0.1", 1), engines, HOSTNET_PROCS, PODS, connection=CONNECTION, sockets=owned
-    )
+    tie = tie_on_loopback(engines, held=sockets(p900=(), p950=(HELD,)))
     assert (tie.rule, tie.engine) == ("peer_socket", engines[1])
     # Without the socket, the loopback rule finds no host process with PID 1.
     tie = tie_sender(sender("127.0.0.1", 1), engines, HOSTNET_PROCS, PODS)
     assert (tie.rule, tie.engine) == ("none", None)
     # The socket needs no vllm.process_id (an engine version or Collector without it).
-    tie = tie_sender(
-        sender("127.0.0.1", None),
-        engines,
-        HOSTNET_PROCS,
-        PODS,
-        connection=CONNECTION,
-        sockets=owned,
-    )
-    assert tie.engine == engines[1]
+    assert tie_on_loopback(engines, pid=None).engine == engines[1]
 
 
 def test_a_socket_that_contradicts_the_spans_pid_ties_nothing() -> None:
     engines = [engine(950, UID_B, target="127.0.0.1:8001")]
-    tie = tie_sender(
-        sender("127.0.0.1", 7),
-        engines,
-        HOSTNET_PROCS,
-        PODS,
-        connection=CONNECTION,
-        sockets=sockets(p950=(HELD,)),
-    )
+    tie = tie_on_loopback(engines, pid=7)
     assert (tie.rule, tie.engine) == ("none", None)
     assert "vllm.process_id 7" in tie.reason and "API server 950" in tie.reason
 
@@ -193,27 +190,12 @@ def test_a_connection_no_one_or_several_hold_leaves_it_to_the_other_rules() -> N
 def test_an_ipv4_mapped_peer_is_matched_as_procfs_lists_it() -> None:
     engines = [engine(950, UID_B, target="127.0.0.1:8001")]
     mapped = SpanPeer("::ffff:127.0.0.1", 41234, 4317)
-    tie = tie_sender(
-        sender("::ffff:127.0.0.1", 1),
-        engines,
-        HOSTNET_PROCS,
-        PODS,
-        connection=mapped,
-        sockets=sockets(p950=(HELD,)),
-    )
-    assert tie.rule == "peer_socket"
+    assert tie_on_loopback(engines, peer=mapped).rule == "peer_socket"
 
 
 def test_a_socket_held_by_a_data_parallel_server_names_no_single_engine() -> None:
     engines = [engine(950, UID_B, target="127.0.0.1:8001"), engine(950, UID_B, rank="1")]
-    tie = tie_sender(
-        sender("127.0.0.1", 1),
-        engines,
-        HOSTNET_PROCS,
-        PODS,
-        connection=CONNECTION,
-        sockets=sockets(p950=(HELD,)),
-    )
+    tie = tie_on_loopback(engines)
     assert tie.engine is None and tie.reason.startswith("2 engines share API server 950")
 
 
