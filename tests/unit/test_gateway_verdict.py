@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from gpuledger.document.v1 import (
     SCHEMA,
     EngineDoc,
@@ -17,7 +19,7 @@ from gpuledger.document.v1 import (
     PoolDoc,
     PoolMemberDoc,
 )
-from gpuledger.explain.chain import explain, render_text, verdicts
+from gpuledger.explain.chain import ExplainError, explain, render_text, verdicts
 from gpuledger.explain.verdict import Thresholds
 from gpuledger.web.cluster_page import gateway_table
 
@@ -188,3 +190,27 @@ def test_the_cluster_page_shows_each_pools_queue_beside_its_engines_queues() -> 
     assert '<a href="ledger?workload=llm%2Fvllm-a">llm/vllm-a</a>' in row_a
     assert "no ready endpoint" in row_empty and "picker not read" in row_empty
     assert gateway_table([node_doc(0, 0)]) == ""  # no pools: no table
+
+
+def test_explain_pool_shows_the_workloads_behind_it_with_their_path() -> None:
+    docs = [node_doc(0, 4), cluster_doc(30)]
+    text = render_text(explain(docs, pool="llm/pool-a"))
+    assert text.startswith("workload llm/vllm-a\n")
+    assert "  gateway: InferencePool llm/pool-a  picker Service pool-a-epp" in text
+    assert text.count("    endpoint 10.0.0.") == 3 and "verdict: ROUTING" in text
+
+
+def test_explain_pool_of_a_pool_selecting_nothing_shows_the_pool_alone() -> None:
+    empty = replace(cluster_doc(0).gateway.pools[0], name="pool-empty", members=(), picker=None)
+    cluster = replace(cluster_doc(0), gateway=GatewayDoc(pools=(empty,)))
+    result = explain([node_doc(0, 0), cluster], pool="llm/pool-empty")
+    assert result["workloads"] == [] and result["pool"]["name"] == "pool-empty"
+    text = render_text(result)
+    assert "  gateway: InferencePool llm/pool-empty" in text and "  it selects no pod" in text
+
+
+def test_explain_pool_names_a_near_miss_and_where_pools_come_from() -> None:
+    with pytest.raises(ExplainError, match="did you mean llm/pool-a"):
+        explain([node_doc(0, 4), cluster_doc(30)], pool="llm/pool-b")
+    with pytest.raises(ExplainError, match="the cluster view reads them"):
+        explain([node_doc(0, 4)], pool="llm/pool-a")

@@ -157,7 +157,12 @@ def run_explain(args: argparse.Namespace) -> int:
             result = explain_by_request(docs, args.request)
         else:
             result = explain(
-                docs, pod=args.pod, gpu=args.gpu, workload=args.workload, engine=args.engine
+                docs,
+                pod=args.pod,
+                gpu=args.gpu,
+                workload=args.workload,
+                engine=args.engine,
+                pool=args.pool,
             )
     except ExplainError as exc:
         _warn_unreadable(failures)  # perhaps why nothing matched

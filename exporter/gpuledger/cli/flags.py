@@ -692,6 +692,12 @@ def build_parser() -> argparse.ArgumentParser:
         "target HOST:PORT, or a bare host's workload (its systemd unit)",
     )
     what.add_argument(
+        "--pool",
+        metavar="NS/NAME",
+        help="a Gateway API InferencePool: its picker, its endpoints and the workloads "
+        "behind them (the cluster view reads pools)",
+    )
+    what.add_argument(
         "--request",
         metavar="ID|TRACE_ID",
         help="one request, from the spans the agents received: its X-Request-Id "

@@ -220,6 +220,7 @@ class Fleet:
         self.docs = docs
         self.gpus: dict[str, Device] = {}
         self.workloads: dict[tuple[str, str], Workload] = {}
+        self.pools: dict[tuple[str, str], PoolDoc] = {}  # InferencePools, by (ns, name)
         self.unknowns = [f"{d.node}: {u}" for d in docs for u in d.unknowns]
         # Sources an exporter is not set up to read: said apart from the unknowns (failures).
         self.not_configured = {
@@ -270,6 +271,7 @@ class Fleet:
             if dep.workload:
                 self._workload(dep.namespace, dep.workload).serve.append(OnNode(doc.node, dep))
         for pool in doc.gateway.pools:
+            self.pools[(pool.namespace, pool.name)] = pool
             for name in sorted({m.workload for m in pool.members if m.workload}):
                 self._workload(pool.namespace, name).pools.append(pool)
 
@@ -506,7 +508,10 @@ def select(
     gpu: str | None = None,
     workload: str | None = None,
     engine: str | None = None,
+    pool: str | None = None,
 ) -> list[Workload]:
+    if pool is not None:
+        return _pool_workloads(fleet, find_pool(fleet, pool))
     if pod is not None:
         ns, _, name = pod.partition("/")
         found = fleet.workload_of_pod(ns, name) if name else None
@@ -556,7 +561,33 @@ def select(
             )
         unique: dict[tuple[str, str], Workload] = {(w.namespace, w.name): w for w in matched}
         return list(unique.values())
-    raise ExplainError(EXIT_USAGE, "say what to explain: --pod, --gpu, --workload or --engine")
+    raise ExplainError(
+        EXIT_USAGE, "say what to explain: --pod, --gpu, --workload, --engine or --pool"
+    )
+
+
+def find_pool(fleet: Fleet, text: str) -> PoolDoc:
+    """An InferencePool by NAMESPACE/NAME, as the cluster view read it."""
+    ns, _, name = text.partition("/")
+    found = fleet.pools.get((ns, name))
+    if found is None:
+        known = [f"{k[0]}/{k[1]}" for k in sorted(fleet.pools)]
+        where = "" if known else " (the cluster view reads them: --from its URL too)"
+        raise ExplainError(
+            EXIT_NOT_FOUND,
+            f"InferencePool {text!r} is in no ledger read{where}" + did_you_mean(text, known),
+        )
+    return found
+
+
+def _pool_workloads(fleet: Fleet, pool: PoolDoc) -> list[Workload]:
+    """The workloads of a pool's member pods: the chain of each shows the pool's path."""
+    names = sorted({m.workload for m in pool.members if m.workload})
+    return [
+        fleet.workloads[(pool.namespace, n)]
+        for n in names
+        if (pool.namespace, n) in fleet.workloads
+    ]
 
 
 def engine_keys(e: EngineDoc) -> set[str]:
@@ -596,6 +627,8 @@ def explain(
                 for p in host_processes(fleet, uuid, gpu.node)
             ],
         }
+    if query.get("pool"):
+        result["pool"] = to_json(find_pool(fleet, str(query["pool"])))
     return result
 
 
@@ -650,6 +683,14 @@ def render_text(result: Mapping[str, Any]) -> str:
         )
     if result.get("gpu"):
         lines.extend(_gpu_lines(decode(GpuShown, result["gpu"]), bool(read.workloads)))
+    if result.get("pool") and not read.workloads:
+        # A pool selecting no pod of a known workload: its path stops at the picker.
+        pool = decode(PoolDoc, result["pool"])
+        lines.extend(gateway_lines([pool], []))
+        if not pool.members_error:
+            lines.append(
+                "  it selects no pod" if not pool.members else "  its pods name no workload"
+            )
     for w in read.workloads:
         lines.extend(_workload_lines(w))
     for unknown in read.unknowns:
