@@ -193,3 +193,29 @@ def test_ray_overcommit_and_unplaceable_placement_groups() -> None:
         "pending_placement",
         "ray_infeasible",
     )
+
+
+def test_cli_pool_on_the_gateway_scenario() -> None:
+    """`explain --pool` on the simulated cluster view of gateway-cluster.yaml (GIE v1.6.0's
+    pools, llm-d-router v0.10.0's pickers: tests/fixtures/gateway/)."""
+    scenario = REPO / "tests" / "fixtures" / "scenarios" / "gateway-cluster.yaml"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+
+    def run(pool: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpuledger", "explain", "--scenario", str(scenario),
+             "--pool", pool],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+
+    held = run("llm/pool-a")
+    assert held.returncode == 0, held.stderr
+    assert (
+        "workload llm/vllm-a\n  gateway: InferencePool llm/pool-a  picker Service pool-a-epp"
+        in (held.stdout)
+    )
+    assert "30 held by flow control" in held.stdout and held.stdout.count("    endpoint ") == 3
+    empty = run("llm/pool-empty")
+    assert empty.returncode == 0 and "  it selects no pod" in empty.stdout
+    missing = run("llm/pool-aa")
+    assert missing.returncode == 1 and "did you mean llm/pool-a?" in missing.stderr
