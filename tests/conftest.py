@@ -109,3 +109,26 @@ def simulate(tmp_path: Path) -> Iterator[Any]:
     yield start
     for run in runs:
         run.close()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_pod_informer_outlives_its_module() -> Iterator[None]:
+    """A Pipeline left open keeps its pod informer relisting (a closed fake API server)
+    into later tests, whose memory checks then find its frames: name the module that left
+    it, once its own fixtures are torn down."""
+    import threading
+    import time
+
+    before = set(threading.enumerate())
+    yield
+    give_up = time.monotonic() + 5
+    while True:
+        left = [
+            t.name
+            for t in threading.enumerate()
+            if t not in before and t.name.startswith("pod-informer") and t.is_alive()
+        ]
+        if not left or time.monotonic() > give_up:
+            break
+        time.sleep(0.05)
+    assert not left, f"a test here left {left} running: close its Pipeline (pipeline.close())"

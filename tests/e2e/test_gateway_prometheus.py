@@ -24,6 +24,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from gpuledger.document.v1 import SCHEMA, LedgerDocument
+from gpuledger.explain.prometheus import PrometheusAccess
+from gpuledger.explain.recorded import read_overview
+from gpuledger.web.fleet_page import render_fleet
 from tests.conftest import REPO
 from tests.e2e.prom_harness import (
     Prometheus,
@@ -149,6 +153,13 @@ def test_while_the_picker_queues_only_the_gateway_alert_fires(stack: Stack) -> N
         'namespace_workload:gpuledger_gateway_queued_requests:sum{workload="vllm-a"}'
     )
     assert [s["value"][1] for s in queued] == ["30"]
+    # The fleet page read from Prometheus says it too, beside the engines' queues.
+    client = PrometheusAccess(stack.prom.base).client(10.0)
+    overview = read_overview(client, 10.0)
+    (row,) = [r for r in overview.rows if (r.namespace, r.name) == ("llm", "vllm-a")]
+    assert (row.stage, row.reason, row.gateway_queued) == ("routing", "gateway_queue", 30)
+    own = LedgerDocument(schema=SCHEMA, node="gpuledger-cluster", mode="cluster")
+    assert "gateway holds 30" in render_fleet(own, overview, "Prometheus")
 
 
 def test_once_engines_queue_behind_a_passing_picker_only_the_engine_alert_fires(

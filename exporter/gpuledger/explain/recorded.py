@@ -43,7 +43,9 @@ ENGINES = "namespace_workload:gpuledger_engine_up:count"
 WAITING = "namespace_workload:gpuledger_engine_requests_waiting:sum"
 RUNNING = "namespace_workload:gpuledger_engine_requests_running:sum"
 KV_MAX = "namespace_workload:gpuledger_engine_kv_cache_usage_ratio:max"
-ENGINE_SERIES = (ENGINES_UP, ENGINES, WAITING, RUNNING, KV_MAX)
+# Requests the endpoint pickers of the workload's InferencePools hold (the cluster view's).
+GATEWAY_QUEUED = "namespace_workload:gpuledger_gateway_queued_requests:sum"
+ENGINE_SERIES = (ENGINES_UP, ENGINES, WAITING, RUNNING, KV_MAX, GATEWAY_QUEUED)
 PENDING_PODS = "namespace_workload_reason:gpuledger_pod_pending_placement:sum"
 PENDING_GPUS = "namespace_workload:gpuledger_pod_pending_gpus:sum"
 PENDING_SERIES = (PENDING_PODS, PENDING_GPUS)
@@ -80,6 +82,7 @@ class WorkloadRow:
     waiting: float = 0.0
     running: float = 0.0
     kv_max: float | None = None
+    gateway_queued: float | None = None  # None: no InferencePool's picker reports for it
     pending: tuple[tuple[str, int], ...] = ()  # (reason, pods not placed)
     pending_gpus: float = 0.0
     nodes: tuple[tuple[str, int], ...] = ()  # (node, GPU pods on it)
@@ -210,6 +213,7 @@ _ENGINE_FIELDS = {
     WAITING: "waiting",
     RUNNING: "running",
     KV_MAX: "kv_max",
+    GATEWAY_QUEUED: "gateway_queued",
 }
 _COUNTS = ("engines_up", "engines")
 

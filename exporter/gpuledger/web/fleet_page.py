@@ -180,11 +180,14 @@ def _no_holder(where: str, namespace: str, name: str) -> str:
 
 
 def _engines(row: WorkloadRow) -> str:
+    # In front of the engines: what its InferencePools' pickers hold back.
+    gateway = f"<br>gateway holds {row.gateway_queued:g}" if row.gateway_queued is not None else ""
     if not row.engines:
-        return "<span class=muted>none</span>"
+        return "<span class=muted>none</span>" + gateway
     kv = f"<br>max KV {row.kv_max * 100:.0f}%" if row.kv_max is not None else ""
     return (
-        f"{row.engines_up}/{row.engines} up<br>{row.waiting:g} waiting, {row.running:g} running{kv}"
+        f"{row.engines_up}/{row.engines} up<br>{row.waiting:g} waiting, {row.running:g} running"
+        f"{kv}{gateway}"
     )
 
 
