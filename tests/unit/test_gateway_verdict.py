@@ -20,8 +20,10 @@ from gpuledger.document.v1 import (
     PoolMemberDoc,
 )
 from gpuledger.explain.chain import ExplainError, explain, render_text, verdicts
+from gpuledger.explain.recorded import FleetOverview, WorkloadRow
 from gpuledger.explain.verdict import Thresholds
 from gpuledger.web.cluster_page import gateway_table
+from gpuledger.web.fleet_page import render_fleet
 
 PODS = ("vllm-a-x", "vllm-a-y", "vllm-a-z")
 KEY = ("llm", "vllm-a")
@@ -214,3 +216,19 @@ def test_explain_pool_names_a_near_miss_and_where_pools_come_from() -> None:
         explain([node_doc(0, 4), cluster_doc(30)], pool="llm/pool-b")
     with pytest.raises(ExplainError, match="the cluster view reads them"):
         explain([node_doc(0, 4)], pool="llm/pool-a")
+
+
+def test_the_fleet_page_shows_each_pools_queue_beside_its_workloads_recorded_queues() -> None:
+    """With --prometheus-url no node agent is read: the pool table's engines' column is
+    the recording rules' count of its workloads' engines, and the workload row says what
+    the pickers hold in front of them."""
+    row = WorkloadRow(
+        "llm", "vllm-a", "routing", "gateway_queue",
+        engines_up=3, engines=3, waiting=6, running=24, gateway_queued=30,
+    )  # fmt: skip
+    overview = FleetOverview(rows=(row,), queries=4, problems=(), seconds=0.01)
+    html = render_fleet(cluster_doc(30), overview, "http://prometheus:9090")
+    pool_row = html.split('<table id="pools">')[1]
+    assert "30, saturation 0.2" in pool_row
+    assert "3 engine(s) of its workloads: 6 waiting, 24 running" in pool_row
+    assert "gateway holds 30" in html.split('<table id="pools">')[0]

@@ -440,9 +440,16 @@ def not_placed_tables(docs: Sequence[LedgerDocument]) -> str:
     )
 
 
-def _pool_row(pool: PoolDoc, engines: Mapping[str, list[EngineDoc]]) -> str:
+# A workload's engines as the recording rules count them: (engines, waiting, running).
+RecordedQueues = Mapping[tuple[str, str], tuple[int, float, float]]
+
+
+def _pool_row(
+    pool: PoolDoc, engines: Mapping[str, list[EngineDoc]], recorded: RecordedQueues
+) -> str:
     """One InferencePool: its picker's queue beside its engines' queues (the engines of
-    its member pods that the documents read hold, by Pod UID)."""
+    its member pods that the documents read hold, by Pod UID; without them, as the
+    recording rules count its workloads' engines)."""
     picker = pool.picker
     if pool.picker_service is None:
         held = "<span class=muted>no picker</span>"
@@ -459,13 +466,20 @@ def _pool_row(pool: PoolDoc, engines: Mapping[str, list[EngineDoc]]) -> str:
     if ready == 0:
         members = f'<span class="bad">{members}: no ready endpoint</span>'
     mine = [e for m in pool.members for e in engines.get(m.uid, [])]
-    queues = (
-        f"{len(mine)} engine(s): {sum(e.requests_waiting or 0 for e in mine):g} waiting, "
-        f"{sum(e.requests_running or 0 for e in mine):g} running"
-        if mine
-        else "<span class=muted>no engine read</span>"
-    )
     workloads = sorted({m.workload for m in pool.members if m.workload})
+    counted = [recorded[(pool.namespace, w)] for w in workloads if (pool.namespace, w) in recorded]
+    if mine:
+        queues = (
+            f"{len(mine)} engine(s): {sum(e.requests_waiting or 0 for e in mine):g} waiting, "
+            f"{sum(e.requests_running or 0 for e in mine):g} running"
+        )
+    elif counted:
+        queues = (
+            f"{sum(c[0] for c in counted)} engine(s) of its workloads: "
+            f"{sum(c[1] for c in counted):g} waiting, {sum(c[2] for c in counted):g} running"
+        )
+    else:
+        queues = "<span class=muted>no engine read</span>"
     links = "<br>".join(_workload_link(pool.namespace, w) for w in workloads)
     return (
         f"<tr><td>{_e(pool.namespace)}/{_e(pool.name)}</td>"
@@ -474,8 +488,9 @@ def _pool_row(pool: PoolDoc, engines: Mapping[str, list[EngineDoc]]) -> str:
     )
 
 
-def gateway_table(docs: Sequence[LedgerDocument]) -> str:
-    """InferencePools (the cluster view's), each with its picker's queue and its engines'."""
+def gateway_table(docs: Sequence[LedgerDocument], recorded: RecordedQueues | None = None) -> str:
+    """InferencePools (the cluster view's), each with its picker's queue and its engines'
+    (from the node agents' documents, else `recorded`: the fleet page's, from Prometheus)."""
     pools = [p for d in docs for p in d.gateway.pools]
     if not pools:
         return ""
@@ -487,7 +502,7 @@ def gateway_table(docs: Sequence[LedgerDocument]) -> str:
     return "<h2>Gateway: InferencePools</h2>" + _table(
         "pools",
         ["pool", "picker", "held by the picker", "members", "engines' queues", "workloads"],
-        [_pool_row(p, engines) for p in pools],
+        [_pool_row(p, engines, recorded or {}) for p in pools],
         "no InferencePools",
     )
 

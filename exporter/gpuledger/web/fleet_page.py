@@ -258,6 +258,17 @@ def _fleet_header(own: LedgerDocument, overview: FleetOverview | str, where: str
     )
 
 
+def _recorded_queues(
+    overview: FleetOverview | str,
+) -> dict[tuple[str, str], tuple[int, float, float]]:
+    """Each workload's engines and their queue, as the rules count them."""
+    if isinstance(overview, str):
+        return {}
+    return {
+        (r.namespace, r.name): (r.engines, r.waiting, r.running) for r in overview.rows if r.engines
+    }
+
+
 def render_fleet(own: LedgerDocument, overview: FleetOverview | str, where: str) -> str:
     rows = [] if isinstance(overview, str) else [_row(r) for r in overview.rows]
     docs = [own]
@@ -279,7 +290,7 @@ def render_fleet(own: LedgerDocument, overview: FleetOverview | str, where: str)
             rows,
             "no workloads in Prometheus" if not isinstance(overview, str) else "not read",
         )
-        + gateway_table(docs)
+        + gateway_table(docs, _recorded_queues(overview))
         + not_placed_tables(docs)
     )
     return _page("gpuledger ledger: the cluster", body, docs)
