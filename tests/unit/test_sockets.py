@@ -295,6 +295,26 @@ def test_while_connections_are_wanted_a_bound_server_is_read_again(tmp_path: Pat
     assert got.connections == (end,)
 
 
+def test_a_huge_or_slow_table_of_connections_is_cut_at_its_cap_and_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A busy server's table past the listeners: the wanted end sits after the cap.
+    monkeypatch.setattr(procfs_sockets, "MAX_TABLE_LINES", 50)
+    far = hex_end((10, 0, 0, 1), 4317)
+    lines = [_line(0, "00000000:1F40", "0A", 501)]
+    lines += [
+        _connection_line(i, hex_end((10, 0, 0, 5), 30000 + i), far, 600 + i) for i in range(1, 100)
+    ]
+    _root(tmp_path, 10, 1, [501, 699], _table(lines))
+    wanted = frozenset({HeldConnection("10.0.0.5", 30099, 4317)})
+    got = BoundSockets().read(str(tmp_path), [10], time.monotonic() + 5, wanted)[10]
+    assert got.state == "read" and got.connections == ()  # past the cap: not read
+    assert got.listening == (ListenSocket("0.0.0.0", 0x1F40),)
+    # Past the deadline the server is `timeout`, whatever the table holds.
+    late = BoundSockets().read(str(tmp_path), [10], time.monotonic() - 1, wanted)
+    assert late == {10: ProcessSockets("timeout")}
+
+
 def test_table_lines_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(procfs_sockets, "MAX_TABLE_LINES", 3)
     tcp = _table([_line(i, f"00000000:{0x1F40 + i:04X}", "0A", 500 + i) for i in range(6)])

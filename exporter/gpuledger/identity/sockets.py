@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from gpuledger.model.procfs import HeldConnection, ListenSocket
+from gpuledger.model.spans import SpanPeer
 
 LISTEN = "0A"
 ESTABLISHED = "01"
@@ -84,6 +85,15 @@ def parse_connection(
     if local is None or remote is None or not fields[9].isdigit():
         return None
     return int(fields[9]), HeldConnection(*local, remote[1])
+
+
+def sending_end(peer: SpanPeer | None) -> HeldConnection | None:
+    """The socket the sender of an export holds, as procfs lists it: the peer's address
+    (normalised) and port, to the receiver's port; None when the address is no IP."""
+    address = normal_ip(peer.address) if peer is not None else None
+    if peer is None or address is None:
+        return None
+    return HeldConnection(address, peer.port, peer.receiver_port)
 
 
 def local_keys(end: HeldConnection, byteorder: str = sys.byteorder) -> frozenset[bytes]:

@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from gpuledger.identity.sockets import normal_ip
+from gpuledger.identity.sockets import sending_end
 from gpuledger.ledger.engines import Engine, identity
 from gpuledger.model.base import frozen_map
 from gpuledger.model.kubernetes import PodsSnapshot
-from gpuledger.model.procfs import HeldConnection, ProcessInfo, ProcessSockets
+from gpuledger.model.procfs import ProcessInfo, ProcessSockets
 from gpuledger.model.spans import (
     EngineRequestSpan,
     LatencyCounts,
@@ -184,10 +184,9 @@ def _socket_owner(connection: SpanPeer | None, sockets: Mapping[int, ProcessSock
     """The one API server holding the sending end of `connection`; None when none does
     (gone: an HTTP exporter's connection ends with its export) or several do (a socket
     inherited over a fork names no one process): the other rules decide then."""
-    address = normal_ip(connection.address) if connection is not None else None
-    if connection is None or address is None:
+    end = sending_end(connection)
+    if end is None:
         return None
-    end = HeldConnection(address, connection.port, connection.receiver_port)
     owners = [pid for pid, held in sockets.items() if end in held.connections]
     return owners[0] if len(owners) == 1 else None
 

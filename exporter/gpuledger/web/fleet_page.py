@@ -43,6 +43,7 @@ from gpuledger.web.cluster_page import (
     CONCURRENCY,
     AgentRead,
     Reading,
+    RecordedQueues,
     _e,
     _lines,
     _next_step,
@@ -258,9 +259,7 @@ def _fleet_header(own: LedgerDocument, overview: FleetOverview | str, where: str
     )
 
 
-def _recorded_queues(
-    overview: FleetOverview | str,
-) -> dict[tuple[str, str], tuple[int, float, float]]:
+def _recorded_queues(overview: FleetOverview | str) -> RecordedQueues:
     """Each workload's engines and their queue, as the rules count them."""
     if isinstance(overview, str):
         return {}

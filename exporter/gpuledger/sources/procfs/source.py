@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gpuledger.engines import KINDS, TITLE_PREFIXES, flag_whitelist, is_engine_title
 from gpuledger.identity.cgroup import NO_IDENTITY, parse_cgroup_file
-from gpuledger.identity.sockets import normal_ip
+from gpuledger.identity.sockets import sending_end
 from gpuledger.model import Snapshots, frozen_map
 from gpuledger.model.engines import ENGINES
 from gpuledger.model.nvml import NVML
@@ -150,13 +150,8 @@ def parse_environ(raw: bytes) -> dict[str, str]:
 
 def span_connections(spans: SpansSnapshot | None) -> frozenset[HeldConnection]:
     """The sending end of each span sender's last connection, as procfs would list it."""
-    found = set()
-    for held in spans.senders if spans is not None else ():
-        peer = held.connection
-        address = normal_ip(peer.address) if peer is not None else None
-        if peer is not None and address is not None:
-            found.add(HeldConnection(address, peer.port, peer.receiver_port))
-    return frozenset(found)
+    ends = (sending_end(held.connection) for held in (spans.senders if spans else ()))
+    return frozenset(end for end in ends if end is not None)
 
 
 class ProcfsSource(Source[ProcSnapshot]):
